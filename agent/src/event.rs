@@ -1,0 +1,172 @@
+//! Typed events: what the kernel probes saw, decoded and owned.
+//!
+//! `ingest` builds these from ring buffer records; `stitch` consumes them.
+//! Nothing here knows about libbpf, so stitching is testable with events
+//! built by hand.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+/// Nanoseconds of `CLOCK_MONOTONIC`, the clock `bpf_ktime_get_ns` reads.
+pub type MonoNs = u64;
+
+/// Identity of one TCP connection inside one process.
+///
+/// The fd alone is reused after close; the socket inode tells a new
+/// connection on a reused fd apart from the old one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConnId {
+    pub pid: u32,
+    pub fd: i32,
+    pub sock_ino: u64,
+}
+
+impl fmt::Display for ConnId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "pid {} fd {} sock {}", self.pid, self.fd, self.sock_ino)
+    }
+}
+
+/// Which way bytes moved, seen from the traced process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Direction {
+    /// The process read bytes from the socket (a request, for a server).
+    Ingress,
+    /// The process wrote bytes to the socket (a response, for a server).
+    Egress,
+}
+
+/// The syscall that moved the bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum IoCall {
+    Read,
+    Readv,
+    Recvfrom,
+    Recvmsg,
+    Write,
+    Writev,
+    Sendto,
+    Sendmsg,
+    Sendfile,
+}
+
+/// Local and remote endpoint of a TCP socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SockAddrs {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+impl SockAddrs {
+    /// Builds the pair from the raw fields of `struct sock_addrs`; `None` for
+    /// an unknown address family.
+    pub fn from_raw(
+        family: u16,
+        local_port: u16,
+        remote_port: u16,
+        local: [u8; 16],
+        remote: [u8; 16],
+    ) -> Option<Self> {
+        const AF_INET: u16 = 2;
+        const AF_INET6: u16 = 10;
+        let ip = |raw: [u8; 16]| -> Option<IpAddr> {
+            match family {
+                AF_INET => Some(IpAddr::V4(Ipv4Addr::new(raw[0], raw[1], raw[2], raw[3]))),
+                AF_INET6 => Some(IpAddr::V6(Ipv6Addr::from(raw))),
+                _ => None,
+            }
+        };
+        Some(Self {
+            local: SocketAddr::new(ip(local)?, local_port),
+            remote: SocketAddr::new(ip(remote)?, remote_port),
+        })
+    }
+}
+
+/// Bytes moved by one read- or write-family syscall on a TCP socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataEvent {
+    pub conn: ConnId,
+    pub tid: u32,
+    pub comm: String,
+    /// When the syscall was entered. For egress this is the moment the
+    /// process handed the bytes over: the emit time of a token.
+    pub ts_enter: MonoNs,
+    /// When the syscall returned. For ingress this is when the bytes were in
+    /// the process: the arrival time of a request.
+    pub ts_exit: MonoNs,
+    pub direction: Direction,
+    pub call: IoCall,
+    /// Bytes the syscall really moved.
+    pub len: u32,
+    /// The captured prefix of those bytes (`payload.len() <= len`).
+    pub payload: Vec<u8>,
+    pub addrs: Option<SockAddrs>,
+}
+
+impl DataEvent {
+    /// True when the capture cap cut this payload short.
+    pub fn is_truncated(&self) -> bool {
+        (self.payload.len() as u64) < u64::from(self.len)
+    }
+}
+
+/// A connection accepted by, or closed in, a traced process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnEvent {
+    pub conn: ConnId,
+    pub tid: u32,
+    pub comm: String,
+    pub ts: MonoNs,
+    pub addrs: Option<SockAddrs>,
+}
+
+/// A process exec'd (any process) or a traced process exited.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcEvent {
+    pub pid: u32,
+    pub ppid: u32,
+    pub comm: String,
+    pub ts: MonoNs,
+    /// Path given to exec (empty for exits).
+    pub filename: String,
+    /// Raw `task->exit_code` for exits (signal in the low 7 bits).
+    pub exit_code: i32,
+}
+
+/// A process started listening on a TCP port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenEvent {
+    pub pid: u32,
+    pub comm: String,
+    pub ts: MonoNs,
+    pub port: u16,
+}
+
+/// Everything the kernel side reports.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    Data(DataEvent),
+    Accept(ConnEvent),
+    Close(ConnEvent),
+    Exec(ProcEvent),
+    Exit(ProcEvent),
+    Listen(ListenEvent),
+}
+
+impl Event {
+    /// The timestamp events are ordered by before stitching.
+    pub fn order_ts(&self) -> MonoNs {
+        match self {
+            // Egress is ordered by entry (the emit time), ingress by exit (the
+            // arrival time); both are what stitching uses as the event's time.
+            Event::Data(d) => match d.direction {
+                Direction::Ingress => d.ts_exit,
+                Direction::Egress => d.ts_enter,
+            },
+            Event::Accept(c) | Event::Close(c) => c.ts,
+            Event::Exec(p) | Event::Exit(p) => p.ts,
+            Event::Listen(l) => l.ts,
+        }
+    }
+}

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Every record that crosses the ring buffer between the kernel probes and
+ * the agent. The Rust side uses the types libbpf-cargo generates from this
+ * header (through the skeleton's BTF), so this file is the single source of
+ * truth for the wire layout.
+ */
+#ifndef TOKENTRACE_EVENTS_H
+#define TOKENTRACE_EVENTS_H
+
+/* Largest payload prefix one data record can carry. The runtime cap
+ * (`capture_bytes` in rodata) is at most this; it must stay a power of two
+ * because the probe masks offsets with MAX_CAPTURE - 1 for the verifier. */
+#ifndef MAX_CAPTURE
+#define MAX_CAPTURE 32768
+#endif
+
+/* How many iovec entries of a readv/writev/sendmsg/recvmsg are copied. */
+#ifndef MAX_IOV
+#define MAX_IOV 8
+#endif
+
+#define TASK_COMM_LEN 16
+#define EXEC_FILENAME_LEN 128
+
+enum tt_event_kind {
+	TT_EVENT_DATA = 1,
+	TT_EVENT_ACCEPT = 2,
+	TT_EVENT_CLOSE = 3,
+	TT_EVENT_EXEC = 4,
+	TT_EVENT_EXIT = 5,
+	TT_EVENT_LISTEN = 6,
+};
+
+enum tt_direction {
+	TT_DIR_INGRESS = 0,
+	TT_DIR_EGRESS = 1,
+};
+
+/* Which syscall produced a data record (for diagnostics and tests). */
+enum tt_io_call {
+	TT_IO_READ = 1,
+	TT_IO_READV = 2,
+	TT_IO_RECVFROM = 3,
+	TT_IO_RECVMSG = 4,
+	TT_IO_WRITE = 5,
+	TT_IO_WRITEV = 6,
+	TT_IO_SENDTO = 7,
+	TT_IO_SENDMSG = 8,
+	TT_IO_SENDFILE = 9,
+};
+
+/* TCP endpoint pair of a socket, in network byte order for addresses and
+ * host byte order for ports. family is AF_INET (2) or AF_INET6 (10). */
+struct tt_sock_addrs {
+	__u16 family;
+	__u16 local_port;
+	__u16 remote_port;
+	__u16 _pad;
+	__u8 local_addr[16];
+	__u8 remote_addr[16];
+};
+
+/* Common prefix of every record: the kind tells the reader which struct
+ * follows. */
+struct tt_event_header {
+	__u32 kind;
+	__u32 tgid;
+	__u32 tid;
+	__u32 _pad;
+	__u64 ts_ns; /* CLOCK_MONOTONIC (bpf_ktime_get_ns) */
+	char comm[TASK_COMM_LEN];
+};
+
+/* One read- or write-family syscall on a TCP socket. Only the first
+ * `captured` bytes of `len` are present in data[]; the record is sent
+ * truncated to sizeof(header fields) + captured. */
+struct tt_data_event {
+	struct tt_event_header hdr; /* hdr.ts_ns = syscall exit */
+	__u64 ts_enter_ns;
+	__u64 sock_ino; /* socket inode: tells a reused fd apart */
+	__s32 fd;
+	__u32 len; /* bytes the syscall really moved */
+	__u32 captured; /* bytes of data[] that follow */
+	__u8 direction; /* enum tt_direction */
+	__u8 call; /* enum tt_io_call */
+	__u16 _pad;
+	struct tt_sock_addrs addrs;
+	__u8 data[MAX_CAPTURE];
+};
+
+/* accept/accept4 returned a new TCP connection, or close() of a TCP socket
+ * in a traced process. */
+struct tt_conn_event {
+	struct tt_event_header hdr;
+	__u64 sock_ino;
+	__s32 fd;
+	__u32 _pad;
+	struct tt_sock_addrs addrs;
+};
+
+/* listen() succeeded on a TCP socket (any process): lets the agent pick up
+ * servers that start after it, by port or as LLM-endpoint candidates. */
+struct tt_listen_event {
+	struct tt_event_header hdr;
+	__u16 port;
+	__u16 family;
+	__u32 _pad;
+};
+
+/* A process exec'd (any process) or a traced process exited. */
+struct tt_proc_event {
+	struct tt_event_header hdr;
+	__u32 ppid;
+	__s32 exit_code;
+	char filename[EXEC_FILENAME_LEN];
+};
+
+#endif /* TOKENTRACE_EVENTS_H */

@@ -1,0 +1,528 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * Socket probes: syscall tracepoints for accept/read/write/close on TCP
+ * sockets of traced processes, plus listen/exec/fork/exit so the agent can
+ * find servers that start after it.
+ *
+ * Cost control, in order: the pid filter (`traced_tgids`) runs first on
+ * every syscall; only calls that moved bytes on an IPv4/IPv6 TCP socket
+ * produce a record (unix socketpairs used as event-loop wake-ups, pipes and
+ * files are dropped in the kernel); payloads are bounded by `capture_bytes`;
+ * ring buffer wake-ups are batched (`wakeup_bytes`) and the agent polls on a
+ * short timeout instead.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "events.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
+#define SOCK_STREAM 1
+#define IPPROTO_TCP 6
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Set by the agent before load. */
+const volatile __u32 capture_bytes = 8192;
+const volatile __u64 wakeup_bytes = 256 * 1024;
+const volatile __u32 agent_tgid = 0;
+
+/* Kernel-side loss counters, read by the agent from .bss. */
+__u64 ringbuf_drops = 0;
+__u64 scratch_misses = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} events SEC(".maps");
+
+/* tgid -> 1 for every process whose sockets are traced. Maintained by the
+ * agent; children of traced processes are added here at fork. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced_tgids SEC(".maps");
+
+/* Arguments of an in-flight syscall, from sys_enter to sys_exit. */
+struct io_args {
+	__u64 ts_enter;
+	__u64 buf; /* flat buffer, or struct iovec * when iovcnt > 0 */
+	__u32 iovcnt;
+	__s32 fd;
+	__u8 call;
+	__u8 direction;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct io_args);
+} active_io SEC(".maps");
+
+/* Per-CPU staging area for one data record. The extra MAX_CAPTURE bytes
+ * after the record let the verifier accept copies at a variable offset
+ * bounded by MAX_CAPTURE. Resized to the number of CPUs by the agent. */
+struct data_scratch {
+	struct tt_data_event ev;
+	__u8 overflow[MAX_CAPTURE];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct data_scratch);
+} scratch SEC(".maps");
+
+/* Keep the record types in BTF so libbpf-cargo generates Rust types. */
+struct tt_data_event _data_event = {};
+struct tt_conn_event _conn_event = {};
+struct tt_listen_event _listen_event = {};
+struct tt_proc_event _proc_event = {};
+
+static __always_inline bool is_traced(__u32 tgid)
+{
+	if (tgid == agent_tgid)
+		return false;
+	return bpf_map_lookup_elem(&traced_tgids, &tgid) != NULL;
+}
+
+static __always_inline __u64 wakeup_flags(void)
+{
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void fill_header(struct tt_event_header *hdr, __u32 kind)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	hdr->kind = kind;
+	hdr->tgid = pid_tgid >> 32;
+	hdr->tid = (__u32)pid_tgid;
+	hdr->ts_ns = bpf_ktime_get_ns();
+	/* The process name, not the thread's: uvicorn's worker threads and the
+	 * event loop all belong to one `python3`. */
+	BPF_CORE_READ_STR_INTO(&hdr->comm, task, group_leader, comm);
+}
+
+/* The socket behind `fd` in the current process if it is an IPv4/IPv6 TCP
+ * socket, else NULL. */
+static __always_inline struct sock *tcp_sock_of_fd(int fd, __u64 *ino)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct file **fds = BPF_CORE_READ(task, files, fdt, fd);
+	unsigned int max_fds = BPF_CORE_READ(task, files, fdt, max_fds);
+	struct file *file = NULL;
+
+	if (fd < 0 || (unsigned int)fd >= max_fds)
+		return NULL;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return NULL;
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	umode_t mode = BPF_CORE_READ(inode, i_mode);
+	if ((mode & S_IFMT) != S_IFSOCK)
+		return NULL;
+	struct socket *sock = BPF_CORE_READ(file, private_data);
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		return NULL;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family != AF_INET && family != AF_INET6)
+		return NULL;
+	if (BPF_CORE_READ(sk, sk_type) != SOCK_STREAM || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return NULL;
+	*ino = BPF_CORE_READ(inode, i_ino);
+	return sk;
+}
+
+static __always_inline void fill_addrs(struct sock *sk, struct tt_sock_addrs *a)
+{
+	a->family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	a->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	a->remote_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (a->family == AF_INET) {
+		bpf_core_read(a->local_addr, 4, &sk->__sk_common.skc_rcv_saddr);
+		bpf_core_read(a->remote_addr, 4, &sk->__sk_common.skc_daddr);
+	} else {
+		bpf_core_read(a->local_addr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+		bpf_core_read(a->remote_addr, 16, &sk->__sk_common.skc_v6_daddr);
+	}
+}
+
+/* ---- data path ---------------------------------------------------------- */
+
+static __always_inline int enter_io(int fd, __u64 buf, __u32 iovcnt, __u8 call, __u8 direction)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
+		return 0;
+	struct io_args args = {
+		.ts_enter = bpf_ktime_get_ns(),
+		.buf = buf,
+		.iovcnt = iovcnt,
+		.fd = fd,
+		.call = call,
+		.direction = direction,
+	};
+	bpf_map_update_elem(&active_io, &pid_tgid, &args, BPF_ANY);
+	return 0;
+}
+
+static __always_inline int enter_msg(int fd, __u64 msghdr, __u8 call, __u8 direction)
+{
+	struct user_msghdr msg = {};
+
+	if (!is_traced(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	if (bpf_probe_read_user(&msg, sizeof(msg), (void *)msghdr))
+		return 0;
+	return enter_io(fd, (__u64)msg.msg_iov, msg.msg_iovlen ? msg.msg_iovlen : 1, call, direction);
+}
+
+static __always_inline __u32 copy_flat(__u8 *dst, __u64 src, __u32 n)
+{
+	if (n > MAX_CAPTURE)
+		n = MAX_CAPTURE;
+	if (bpf_probe_read_user(dst, n, (void *)src))
+		return 0;
+	return n;
+}
+
+static __always_inline __u32 copy_iov(__u8 *dst, __u64 iov_ptr, __u32 iovcnt, __u32 limit)
+{
+	const struct iovec *iov = (const struct iovec *)iov_ptr;
+	__u32 off = 0;
+
+	for (int i = 0; i < MAX_IOV; i++) {
+		struct iovec v = {};
+
+		if (i >= iovcnt || off >= limit)
+			break;
+		if (bpf_probe_read_user(&v, sizeof(v), &iov[i]))
+			break;
+		__u32 n = v.iov_len;
+		if (n > limit - off)
+			n = limit - off;
+		if (n > MAX_CAPTURE)
+			n = MAX_CAPTURE;
+		if (off > MAX_CAPTURE)
+			break;
+		if (bpf_probe_read_user(dst + off, n, v.iov_base))
+			break;
+		off += n;
+	}
+	return off;
+}
+
+static __always_inline int exit_io(long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct io_args *args = bpf_map_lookup_elem(&active_io, &pid_tgid);
+	__u32 zero_key = bpf_get_smp_processor_id();
+	__u64 ino = 0;
+
+	if (!args)
+		return 0;
+	struct io_args a = *args;
+	bpf_map_delete_elem(&active_io, &pid_tgid);
+	if (ret <= 0)
+		return 0;
+	struct sock *sk = tcp_sock_of_fd(a.fd, &ino);
+	if (!sk)
+		return 0;
+
+	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &zero_key);
+	if (!s) {
+		__sync_fetch_and_add(&scratch_misses, 1);
+		return 0;
+	}
+	struct tt_data_event *e = &s->ev;
+	fill_header(&e->hdr, TT_EVENT_DATA);
+	e->ts_enter_ns = a.ts_enter;
+	e->sock_ino = ino;
+	e->fd = a.fd;
+	e->len = ret;
+	e->direction = a.direction;
+	e->call = a.call;
+	fill_addrs(sk, &e->addrs);
+
+	__u32 limit = capture_bytes < (__u32)ret ? capture_bytes : (__u32)ret;
+	__u32 captured = 0;
+	if (a.call == TT_IO_SENDFILE)
+		captured = 0; /* bytes come from a file, not a user buffer */
+	else if (a.iovcnt == 0)
+		captured = copy_flat(e->data, a.buf, limit);
+	else
+		captured = copy_iov(e->data, a.buf, a.iovcnt, limit);
+	if (captured > MAX_CAPTURE)
+		captured = MAX_CAPTURE;
+	e->captured = captured;
+
+	__u64 size = offsetof(struct tt_data_event, data) + captured;
+	if (bpf_ringbuf_output(&events, e, size, wakeup_flags()))
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+	return 0;
+}
+
+#define ARG(n) ((__u64)ctx->args[n])
+
+SEC("tracepoint/syscalls/sys_enter_read")
+int enter_read(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), ARG(1), 0, TT_IO_READ, TT_DIR_INGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_readv")
+int enter_readv(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), ARG(1), ARG(2), TT_IO_READV, TT_DIR_INGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_recvfrom")
+int enter_recvfrom(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), ARG(1), 0, TT_IO_RECVFROM, TT_DIR_INGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_recvmsg")
+int enter_recvmsg(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_msg(ARG(0), ARG(1), TT_IO_RECVMSG, TT_DIR_INGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_write")
+int enter_write(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), ARG(1), 0, TT_IO_WRITE, TT_DIR_EGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_writev")
+int enter_writev(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), ARG(1), ARG(2), TT_IO_WRITEV, TT_DIR_EGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendto")
+int enter_sendto(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), ARG(1), 0, TT_IO_SENDTO, TT_DIR_EGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendmsg")
+int enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_msg(ARG(0), ARG(1), TT_IO_SENDMSG, TT_DIR_EGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_sendfile64")
+int enter_sendfile(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(ARG(0), 0, 0, TT_IO_SENDFILE, TT_DIR_EGRESS);
+}
+
+#define EXIT_PROG(name, tp)                                        \
+	SEC("tracepoint/syscalls/" tp)                             \
+	int name(struct trace_event_raw_sys_exit *ctx)             \
+	{                                                          \
+		return exit_io(ctx->ret);                          \
+	}
+
+EXIT_PROG(exit_read, "sys_exit_read")
+EXIT_PROG(exit_readv, "sys_exit_readv")
+EXIT_PROG(exit_recvfrom, "sys_exit_recvfrom")
+EXIT_PROG(exit_recvmsg, "sys_exit_recvmsg")
+EXIT_PROG(exit_write, "sys_exit_write")
+EXIT_PROG(exit_writev, "sys_exit_writev")
+EXIT_PROG(exit_sendto, "sys_exit_sendto")
+EXIT_PROG(exit_sendmsg, "sys_exit_sendmsg")
+EXIT_PROG(exit_sendfile, "sys_exit_sendfile64")
+
+/* ---- connection lifecycle ------------------------------------------------ */
+
+static __always_inline int emit_conn(__u32 kind, int fd)
+{
+	__u64 ino = 0;
+	struct sock *sk = tcp_sock_of_fd(fd, &ino);
+	if (!sk)
+		return 0;
+	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, kind);
+	e->sock_ino = ino;
+	e->fd = fd;
+	e->_pad = 0;
+	fill_addrs(sk, &e->addrs);
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
+
+/* accept and listen only need to know that the syscall was entered: the
+ * fd they act on is the return value (accept) or the first argument
+ * (listen), kept in active_io like the data path. */
+SEC("tracepoint/syscalls/sys_enter_accept")
+int enter_accept(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(-1, 0, 0, 0, TT_DIR_INGRESS);
+}
+
+SEC("tracepoint/syscalls/sys_enter_accept4")
+int enter_accept4(struct trace_event_raw_sys_enter *ctx)
+{
+	return enter_io(-1, 0, 0, 0, TT_DIR_INGRESS);
+}
+
+static __always_inline int exit_accept(long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!bpf_map_lookup_elem(&active_io, &pid_tgid))
+		return 0;
+	bpf_map_delete_elem(&active_io, &pid_tgid);
+	if (ret < 0)
+		return 0;
+	return emit_conn(TT_EVENT_ACCEPT, ret);
+}
+
+SEC("tracepoint/syscalls/sys_exit_accept")
+int exit_accept_(struct trace_event_raw_sys_exit *ctx)
+{
+	return exit_accept(ctx->ret);
+}
+
+SEC("tracepoint/syscalls/sys_exit_accept4")
+int exit_accept4(struct trace_event_raw_sys_exit *ctx)
+{
+	return exit_accept(ctx->ret);
+}
+
+SEC("tracepoint/syscalls/sys_enter_close")
+int enter_close(struct trace_event_raw_sys_enter *ctx)
+{
+	if (!is_traced(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	return emit_conn(TT_EVENT_CLOSE, ARG(0));
+}
+
+/* listen() is rare: watched in every process so servers started after the
+ * agent are found by port or as candidates. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1024);
+	__type(key, __u64);
+	__type(value, __s32);
+} listen_fds SEC(".maps");
+
+SEC("tracepoint/syscalls/sys_enter_listen")
+int enter_listen(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__s32 fd = ARG(0);
+
+	bpf_map_update_elem(&listen_fds, &pid_tgid, &fd, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/syscalls/sys_exit_listen")
+int exit_listen(struct trace_event_raw_sys_exit *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__s32 *fdp = bpf_map_lookup_elem(&listen_fds, &pid_tgid);
+	__u64 ino = 0;
+
+	if (!fdp)
+		return 0;
+	__s32 fd = *fdp;
+	bpf_map_delete_elem(&listen_fds, &pid_tgid);
+	if (ctx->ret != 0 || (pid_tgid >> 32) == agent_tgid)
+		return 0;
+	struct sock *sk = tcp_sock_of_fd(fd, &ino);
+	if (!sk)
+		return 0;
+	struct tt_listen_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_LISTEN);
+	e->port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	e->family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+/* ---- process lifecycle --------------------------------------------------- */
+
+SEC("tracepoint/sched/sched_process_exec")
+int on_exec(struct trace_event_raw_sched_process_exec *ctx)
+{
+	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	unsigned int filename_off = ctx->__data_loc_filename & 0xFFFF;
+
+	fill_header(&e->hdr, TT_EVENT_EXEC);
+	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	e->exit_code = 0;
+	bpf_probe_read_kernel_str(e->filename, sizeof(e->filename), (void *)ctx + filename_off);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+/* A child process of a traced process is traced from its first instruction
+ * (uvicorn/gunicorn workers are forked after the parent listened). */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
+{
+	__u32 parent_tgid = parent->tgid;
+	__u32 child_tgid = child->tgid;
+	__u8 one = 1;
+
+	if (child_tgid == parent_tgid || child->pid != child_tgid)
+		return 0; /* a new thread, already covered by its tgid */
+	if (!is_traced(parent_tgid))
+		return 0;
+	bpf_map_update_elem(&traced_tgids, &child_tgid, &one, BPF_ANY);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int on_exit(struct trace_event_raw_sched_process_template *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	__u32 tgid = pid_tgid >> 32;
+
+	if ((__u32)pid_tgid != tgid || !is_traced(tgid))
+		return 0; /* only the group leader of a traced process */
+	bpf_map_delete_elem(&traced_tgids, &tgid);
+	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	fill_header(&e->hdr, TT_EVENT_EXIT);
+	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
+	e->exit_code = BPF_CORE_READ(task, exit_code);
+	e->filename[0] = 0;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
