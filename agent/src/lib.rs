@@ -1,1 +1,9 @@
+//! tokentrace: per-request TTFT and inter-token latency of LLM inference
+//! servers, from eBPF probes on sockets.
+//!
+//! Pipeline: `discover` (which processes) → `probes` (load, attach) →
+//! `ingest` (decode ring buffer records into [`event::Event`]) → `stitch`
+//! (pure: events → [`stitch::RequestTimeline`]) → `output`.
 
+pub mod event;
+pub mod stitch;

@@ -72,9 +72,9 @@ struct tt_event_header {
 	char comm[TASK_COMM_LEN];
 };
 
-/* One read- or write-family syscall on a TCP socket. Only the first
- * `captured` bytes of `len` are present in data[]; the record is sent
- * truncated to sizeof(header fields) + captured. */
+/* One read- or write-family syscall on a TCP socket. The record on the
+ * ring buffer is this struct immediately followed by `captured` payload
+ * bytes (the first `captured` of the `len` bytes moved). */
 struct tt_data_event {
 	struct tt_event_header hdr; /* hdr.ts_ns = syscall exit */
 	__u64 ts_enter_ns;
@@ -86,7 +86,6 @@ struct tt_data_event {
 	__u8 call; /* enum tt_io_call */
 	__u16 _pad;
 	struct tt_sock_addrs addrs;
-	__u8 data[MAX_CAPTURE];
 };
 
 /* accept/accept4 returned a new TCP connection, or close() of a TCP socket

@@ -67,12 +67,13 @@ struct {
 	__type(value, struct io_args);
 } active_io SEC(".maps");
 
-/* Per-CPU staging area for one data record. The extra MAX_CAPTURE bytes
- * after the record let the verifier accept copies at a variable offset
- * bounded by MAX_CAPTURE. Resized to the number of CPUs by the agent. */
+/* Per-CPU staging area for one data record: the fixed fields, then the
+ * payload. The payload area is twice MAX_CAPTURE so the verifier accepts
+ * copies at a variable offset bounded by MAX_CAPTURE. Indexed by CPU id;
+ * resized to the number of CPUs by the agent. */
 struct data_scratch {
 	struct tt_data_event ev;
-	__u8 overflow[MAX_CAPTURE];
+	__u8 payload[2 * MAX_CAPTURE];
 };
 
 struct {
@@ -263,15 +264,15 @@ static __always_inline int exit_io(long ret)
 	if (a.call == TT_IO_SENDFILE)
 		captured = 0; /* bytes come from a file, not a user buffer */
 	else if (a.iovcnt == 0)
-		captured = copy_flat(e->data, a.buf, limit);
+		captured = copy_flat(s->payload, a.buf, limit);
 	else
-		captured = copy_iov(e->data, a.buf, a.iovcnt, limit);
+		captured = copy_iov(s->payload, a.buf, a.iovcnt, limit);
 	if (captured > MAX_CAPTURE)
 		captured = MAX_CAPTURE;
 	e->captured = captured;
 
-	__u64 size = offsetof(struct tt_data_event, data) + captured;
-	if (bpf_ringbuf_output(&events, e, size, wakeup_flags()))
+	__u64 size = sizeof(struct tt_data_event) + captured;
+	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
 		__sync_fetch_and_add(&ringbuf_drops, 1);
 	return 0;
 }
