@@ -1,0 +1,311 @@
+#!/usr/bin/env python3
+"""Standard-library-only OpenAI-style streaming server (http.server).
+
+Run:  python3 tests/servers/stdlib_sse.py --port P [--host 127.0.0.1]
+                                          [--realistic] [--nagle]
+      (--port 0 picks a free port). Prints ``READY <port>`` on stdout,
+      flushed, once listening. Writes nothing to disk.
+
+HTTP/1.1 with keep-alive (ThreadingHTTPServer, one thread per connection).
+Streaming responses use chunked transfer encoding written by hand: for every
+chunk the size line, the data and the trailing CRLF go out as THREE separate
+unbuffered socket writes (``wbufsize = 0``), the way some real servers
+behave. Headers go out in one write.
+
+Endpoints (same as tests/servers/fastapi_app.py):
+  POST /v1/chat/completions  body {"model","messages","stream","max_tokens",
+                             "token_delay_ms" (20), "ttft_ms" (50),
+                             "crash_after" (optional)}
+       stream=true:  N chat.completion.chunk events + 1 usage event
+                     (choices: []) + data: [DONE]   -> N+1 chunks
+       stream=false: one chat.completion JSON with Content-Length
+  POST /v1/stream-text       chunked text/plain, N pieces
+  GET  /health
+
+Every SSE data event carries "x_mono_ns" = time.monotonic_ns() taken just
+before its first write (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns).
+
+--realistic: demo pacing for `cargo xtask demo`: prefill 120-250 ms, inter-
+token latency 15-45 ms with jitter (occasional longer stall), model name
+"demo-llama-3-8b", realistic token text, max_tokens defaults to 64. Explicit
+"ttft_ms"/"token_delay_ms" in a request body still win.
+
+TCP_NODELAY is set on accepted sockets (as asyncio servers do) unless
+--nagle is given; with Nagle on, the 3-write framing can be held back.
+"""
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+TEST_WORDS = (
+    "The quick brown fox jumps over the lazy dog while the model streams "
+    "tokens one by one to a patient client that measures every gap ."
+).split()
+
+DEMO_TEXT = (
+    "Time to first token is the delay between the moment a request reaches the "
+    "server and the moment the first generated token leaves it. It is dominated "
+    "by queueing and by the prefill pass over the prompt, which grows with prompt "
+    "length and with how many other requests share the batch. After the first "
+    "token, the decode loop emits one token per step, so the inter-token latency "
+    "reflects batch size, memory bandwidth and any stall on the host: a garbage "
+    "collection pause, a blocked event loop, a full socket buffer, or a slow "
+    "client reading the stream. Measuring both per request, from the kernel, "
+    "shows which of these made a given response feel slow."
+)
+
+
+def _split_tokens(text):
+    out = []
+    for i, w in enumerate(text.split(" ")):
+        # split long words into two sub-word pieces, like a BPE tokenizer would
+        piece = w if i == 0 else " " + w
+        if len(w) > 7:
+            cut = len(piece) // 2 + 1
+            out.extend([piece[:cut], piece[cut:]])
+        else:
+            out.append(piece)
+    return out
+
+
+DEMO_TOKENS = _split_tokens(DEMO_TEXT)
+
+CONFIG = {"realistic": False, "nodelay": True}
+
+
+def _new_id():
+    return "chatcmpl-" + uuid.uuid4().hex
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "stdlib-sse/1.0"
+    sys_version = ""
+    wbufsize = 0  # every wfile.write is one sendall on the socket
+
+    def setup(self):
+        super().setup()
+        if CONFIG["nodelay"]:
+            try:
+                self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def log_message(self, format, *args):  # noqa: A002 - keep quiet
+        pass
+
+    # ----------------------------------------------------------------- helpers
+    def _read_body(self):
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length > 0 else b""
+        if not raw:
+            return {}
+        try:
+            return json.loads(raw)
+        except ValueError:
+            return {}
+
+    def _params(self, body):
+        realistic = CONFIG["realistic"]
+        n = int(body.get("max_tokens") or (64 if realistic else 16))
+        crash = body.get("crash_after")
+        crash = int(crash) if crash is not None else None
+        if "ttft_ms" in body:
+            ttft = float(body["ttft_ms"]) / 1000.0
+        elif realistic:
+            ttft = random.uniform(0.120, 0.250)
+        else:
+            ttft = 0.050
+        if "token_delay_ms" in body:
+            fixed = float(body["token_delay_ms"]) / 1000.0
+
+            def delay(_i):
+                return fixed
+
+        elif realistic:
+            base = random.uniform(0.018, 0.032)
+
+            def delay(_i):
+                if random.random() < 0.03:  # an occasional slower step
+                    return random.uniform(0.038, 0.045)
+                return min(0.045, max(0.015, random.gauss(base, 0.006)))
+
+        else:
+
+            def delay(_i):
+                return 0.020
+
+        return n, ttft, delay, crash
+
+    def _token(self, i):
+        if CONFIG["realistic"]:
+            return DEMO_TOKENS[i % len(DEMO_TOKENS)]
+        w = TEST_WORDS[i % len(TEST_WORDS)]
+        return w if i == 0 else " " + w
+
+    def _model(self, body):
+        if CONFIG["realistic"]:
+            return "demo-llama-3-8b"
+        return body.get("model", "test-model")
+
+    def _start_chunked(self, content_type):
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()  # one write: status line + headers
+
+    def _write_chunk(self, data):
+        # three separate unbuffered writes: size line, data, trailing CRLF
+        self.wfile.write(b"%x\r\n" % len(data))
+        self.wfile.write(data)
+        self.wfile.write(b"\r\n")
+
+    def _end_chunked(self):
+        self.wfile.write(b"0\r\n\r\n")
+
+    def _crash(self):
+        sys.stdout.flush()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def _send_json(self, obj, status=200):
+        data = json.dumps(obj, separators=(",", ":")).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # ---------------------------------------------------------------- handlers
+    def do_GET(self):
+        path = self.path.split("?", 1)[0]
+        if path == "/health":
+            self._send_json({"status": "ok"})
+        else:
+            self._send_json({"error": "not found"}, status=404)
+
+    def do_POST(self):
+        path = self.path.split("?", 1)[0]
+        body = self._read_body()
+        try:
+            if path in ("/v1/chat/completions", "/v1/completions"):
+                if body.get("stream"):
+                    self._chat_stream(body)
+                else:
+                    self._chat_json(body)
+            elif path == "/v1/stream-text":
+                self._stream_text(body)
+            else:
+                self._send_json({"error": "not found"}, status=404)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _chat_stream(self, body):
+        n, ttft, delay, crash = self._params(body)
+        rid = _new_id()
+        model = self._model(body)
+        created = int(time.time())
+        self._start_chunked("text/event-stream")
+        time.sleep(ttft)
+        for i in range(n):
+            if i > 0:
+                time.sleep(delay(i))
+            if crash is not None and i >= crash:
+                self._crash()
+            d = {"content": self._token(i)}
+            if i == 0:
+                d["role"] = "assistant"
+            ev = {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": d, "finish_reason": None}],
+            }
+            ev["x_mono_ns"] = time.monotonic_ns()
+            self._write_chunk(b"data: " + json.dumps(ev, separators=(",", ":")).encode() + b"\n\n")
+        time.sleep(delay(n))
+        if crash is not None and n >= crash:
+            self._crash()
+        usage = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [],
+            "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
+        }
+        usage["x_mono_ns"] = time.monotonic_ns()
+        self._write_chunk(b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n")
+        self._write_chunk(b"data: [DONE]\n\n")
+        self._end_chunked()
+
+    def _chat_json(self, body):
+        n, ttft, _delay, _crash = self._params(body)
+        time.sleep(ttft)
+        text = "".join(self._token(i) for i in range(n))
+        self._send_json(
+            {
+                "id": _new_id(),
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": self._model(body),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": text},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
+            }
+        )
+
+    def _stream_text(self, body):
+        n, ttft, delay, _crash = self._params(body)
+        self._start_chunked("text/plain; charset=utf-8")
+        time.sleep(ttft)
+        for i in range(n):
+            if i > 0:
+                time.sleep(delay(i))
+            self._write_chunk(f"piece-{i}{self._token(i)}\n".encode())
+        self._end_chunked()
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 128
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    ap.add_argument("--realistic", action="store_true", help="demo pacing and text")
+    ap.add_argument("--nagle", action="store_true", help="do not set TCP_NODELAY")
+    args = ap.parse_args()
+    CONFIG["realistic"] = args.realistic
+    CONFIG["nodelay"] = not args.nagle
+    srv = Server((args.host, args.port), Handler)
+    print(f"READY {srv.server_address[1]}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=srv.shutdown).start())
+    try:
+        srv.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        srv.server_close()
+
+
+if __name__ == "__main__":
+    main()
