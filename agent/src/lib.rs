@@ -7,3 +7,5 @@
 
 pub mod event;
 pub mod stitch;
+pub mod ingest;
+pub mod probes;

@@ -10,3 +10,18 @@
 pub mod sock {
     include!(concat!(env!("OUT_DIR"), "/sock.skel.rs"));
 }
+
+// SAFETY: these are `#[repr(C)]` structs of integers and byte arrays
+// generated from events.h / the BPF object's BTF: every bit pattern is a
+// valid value, which is what `Plain` requires.
+unsafe impl plain::Plain for sock::types::tt_event_header {}
+// SAFETY: as above.
+unsafe impl plain::Plain for sock::types::tt_data_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for sock::types::tt_conn_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for sock::types::tt_listen_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for sock::types::tt_proc_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for sock::types::bss {}

@@ -12,7 +12,7 @@
  * (`capture_bytes` in rodata) is at most this; it must stay a power of two
  * because the probe masks offsets with MAX_CAPTURE - 1 for the verifier. */
 #ifndef MAX_CAPTURE
-#define MAX_CAPTURE 32768
+#define MAX_CAPTURE 16384
 #endif
 
 /* How many iovec entries of a readv/writev/sendmsg/recvmsg are copied. */

@@ -68,12 +68,25 @@ struct {
 } active_io SEC(".maps");
 
 /* Per-CPU staging area for one data record: the fixed fields, then the
- * payload. The payload area is twice MAX_CAPTURE so the verifier accepts
- * copies at a variable offset bounded by MAX_CAPTURE. Indexed by CPU id;
- * resized to the number of CPUs by the agent. */
+ * payload. Copies are bounded for the verifier with masks (clang reorders
+ * plain comparisons away from the helper call): offsets by MAX_CAPTURE - 1
+ * and sizes by 2 * MAX_CAPTURE - 1, hence three MAX_CAPTURE of room. The
+ * masks never change a value: the logic already keeps offset + size within
+ * capture_bytes <= MAX_CAPTURE. Indexed by CPU id; resized to the number of
+ * CPUs by the agent. */
+#define OFF_MASK (MAX_CAPTURE - 1)
+#define LEN_MASK (2 * MAX_CAPTURE - 1)
+
+/* `v & mask` in a form clang cannot drop when it can prove the mask is a
+ * no-op: the verifier cannot prove it and needs to see the AND. */
+static __always_inline __u64 verifier_mask(__u64 v, const __u64 mask)
+{
+	asm volatile("%[v] &= %[m]" : [v] "+r"(v) : [m] "i"(mask));
+	return v;
+}
 struct data_scratch {
 	struct tt_data_event ev;
-	__u8 payload[2 * MAX_CAPTURE];
+	__u8 payload[3 * MAX_CAPTURE];
 };
 
 struct {
@@ -88,6 +101,9 @@ struct tt_data_event _data_event = {};
 struct tt_conn_event _conn_event = {};
 struct tt_listen_event _listen_event = {};
 struct tt_proc_event _proc_event = {};
+enum tt_event_kind _event_kind = 0;
+enum tt_direction _direction = 0;
+enum tt_io_call _io_call = 0;
 
 static __always_inline bool is_traced(__u32 tgid)
 {
@@ -196,6 +212,7 @@ static __always_inline __u32 copy_flat(__u8 *dst, __u64 src, __u32 n)
 {
 	if (n > MAX_CAPTURE)
 		n = MAX_CAPTURE;
+	n = verifier_mask(n, LEN_MASK);
 	if (bpf_probe_read_user(dst, n, (void *)src))
 		return 0;
 	return n;
@@ -218,9 +235,9 @@ static __always_inline __u32 copy_iov(__u8 *dst, __u64 iov_ptr, __u32 iovcnt, __
 			n = limit - off;
 		if (n > MAX_CAPTURE)
 			n = MAX_CAPTURE;
-		if (off > MAX_CAPTURE)
-			break;
-		if (bpf_probe_read_user(dst + off, n, v.iov_base))
+		n = verifier_mask(n, LEN_MASK);
+		/* off < limit <= MAX_CAPTURE here, so the mask keeps it. */
+		if (bpf_probe_read_user(dst + verifier_mask(off, OFF_MASK), n, v.iov_base))
 			break;
 		off += n;
 	}
@@ -269,6 +286,7 @@ static __always_inline int exit_io(long ret)
 		captured = copy_iov(s->payload, a.buf, a.iovcnt, limit);
 	if (captured > MAX_CAPTURE)
 		captured = MAX_CAPTURE;
+	captured = verifier_mask(captured, LEN_MASK);
 	e->captured = captured;
 
 	__u64 size = sizeof(struct tt_data_event) + captured;

@@ -1,0 +1,234 @@
+//! Raw ring buffer records → owned [`Event`]s.
+//!
+//! Record layouts come from the types libbpf-cargo generated from
+//! `events.h`; nothing here restates them.
+
+use thiserror::Error;
+use tokentrace_probes::sock::types::{
+    tt_conn_event, tt_data_event, tt_direction, tt_event_header, tt_event_kind, tt_io_call,
+    tt_listen_event, tt_proc_event, tt_sock_addrs,
+};
+
+use crate::event::{
+    ConnEvent, ConnId, DataEvent, Direction, Event, IoCall, ListenEvent, ProcEvent, SockAddrs,
+};
+
+/// Why a record could not be decoded. Each one is counted, never fatal.
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum DecodeError {
+    #[error("record of {len} bytes is shorter than the {need}-byte {what}")]
+    Short {
+        what: &'static str,
+        len: usize,
+        need: usize,
+    },
+    #[error("unknown record kind {0}")]
+    UnknownKind(u32),
+    #[error("unknown {what} value {value}")]
+    UnknownValue { what: &'static str, value: u32 },
+    #[error("data record claims {claimed} payload bytes but carries {present}")]
+    PayloadMismatch { claimed: u32, present: usize },
+}
+
+fn read<T: plain::Plain + Default + Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
+    let mut value = T::default();
+    plain::copy_from_bytes(&mut value, bytes).map_err(|_| DecodeError::Short {
+        what,
+        len: bytes.len(),
+        need: std::mem::size_of::<T>(),
+    })?;
+    Ok(value)
+}
+
+fn comm(raw: &[i8]) -> String {
+    let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+fn addrs(raw: &tt_sock_addrs) -> Option<SockAddrs> {
+    SockAddrs::from_raw(
+        raw.family,
+        raw.local_port,
+        raw.remote_port,
+        raw.local_addr,
+        raw.remote_addr,
+    )
+}
+
+fn direction(raw: u8) -> Result<Direction, DecodeError> {
+    match tt_direction(u32::from(raw)) {
+        tt_direction::TT_DIR_INGRESS => Ok(Direction::Ingress),
+        tt_direction::TT_DIR_EGRESS => Ok(Direction::Egress),
+        other => Err(DecodeError::UnknownValue {
+            what: "direction",
+            value: other.0,
+        }),
+    }
+}
+
+fn io_call(raw: u8) -> Result<IoCall, DecodeError> {
+    Ok(match tt_io_call(u32::from(raw)) {
+        tt_io_call::TT_IO_READ => IoCall::Read,
+        tt_io_call::TT_IO_READV => IoCall::Readv,
+        tt_io_call::TT_IO_RECVFROM => IoCall::Recvfrom,
+        tt_io_call::TT_IO_RECVMSG => IoCall::Recvmsg,
+        tt_io_call::TT_IO_WRITE => IoCall::Write,
+        tt_io_call::TT_IO_WRITEV => IoCall::Writev,
+        tt_io_call::TT_IO_SENDTO => IoCall::Sendto,
+        tt_io_call::TT_IO_SENDMSG => IoCall::Sendmsg,
+        tt_io_call::TT_IO_SENDFILE => IoCall::Sendfile,
+        other => {
+            return Err(DecodeError::UnknownValue {
+                what: "syscall",
+                value: other.0,
+            })
+        }
+    })
+}
+
+/// Decodes one ring buffer record.
+pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
+    let hdr: tt_event_header = read(record, "event header")?;
+    match tt_event_kind(hdr.kind) {
+        tt_event_kind::TT_EVENT_DATA => decode_data(record),
+        kind @ (tt_event_kind::TT_EVENT_ACCEPT | tt_event_kind::TT_EVENT_CLOSE) => {
+            let raw: tt_conn_event = read(record, "connection record")?;
+            let event = ConnEvent {
+                conn: ConnId {
+                    pid: raw.hdr.tgid,
+                    fd: raw.fd,
+                    sock_ino: raw.sock_ino,
+                },
+                tid: raw.hdr.tid,
+                comm: comm(&raw.hdr.comm),
+                ts: raw.hdr.ts_ns,
+                addrs: addrs(&raw.addrs),
+            };
+            Ok(if kind == tt_event_kind::TT_EVENT_ACCEPT {
+                Event::Accept(event)
+            } else {
+                Event::Close(event)
+            })
+        }
+        kind @ (tt_event_kind::TT_EVENT_EXEC | tt_event_kind::TT_EVENT_EXIT) => {
+            let raw: tt_proc_event = read(record, "process record")?;
+            let event = ProcEvent {
+                pid: raw.hdr.tgid,
+                ppid: raw.ppid,
+                comm: comm(&raw.hdr.comm),
+                ts: raw.hdr.ts_ns,
+                filename: comm(&raw.filename),
+                exit_code: raw.exit_code,
+            };
+            Ok(if kind == tt_event_kind::TT_EVENT_EXEC {
+                Event::Exec(event)
+            } else {
+                Event::Exit(event)
+            })
+        }
+        tt_event_kind::TT_EVENT_LISTEN => {
+            let raw: tt_listen_event = read(record, "listen record")?;
+            Ok(Event::Listen(ListenEvent {
+                pid: raw.hdr.tgid,
+                comm: comm(&raw.hdr.comm),
+                ts: raw.hdr.ts_ns,
+                port: raw.port,
+            }))
+        }
+        other => Err(DecodeError::UnknownKind(other.0)),
+    }
+}
+
+fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
+    let raw: tt_data_event = read(record, "data record")?;
+    let payload = &record[std::mem::size_of::<tt_data_event>()..];
+    if payload.len() != raw.captured as usize || raw.captured > raw.len {
+        return Err(DecodeError::PayloadMismatch {
+            claimed: raw.captured,
+            present: payload.len(),
+        });
+    }
+    Ok(Event::Data(DataEvent {
+        conn: ConnId {
+            pid: raw.hdr.tgid,
+            fd: raw.fd,
+            sock_ino: raw.sock_ino,
+        },
+        tid: raw.hdr.tid,
+        comm: comm(&raw.hdr.comm),
+        ts_enter: raw.ts_enter_ns,
+        ts_exit: raw.hdr.ts_ns,
+        direction: direction(raw.direction)?,
+        call: io_call(raw.call)?,
+        len: raw.len,
+        payload: payload.to_vec(),
+        addrs: addrs(&raw.addrs),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn as_bytes<T: plain::Plain>(value: &T) -> Vec<u8> {
+        // SAFETY: `T: Plain` is a repr(C) plain-old-data type; viewing it as
+        // bytes is sound.
+        unsafe { plain::as_bytes(value) }.to_vec()
+    }
+
+    fn data_record(payload: &[u8], len: u32) -> Vec<u8> {
+        let mut raw = tt_data_event::default();
+        raw.hdr.kind = tt_event_kind::TT_EVENT_DATA.0;
+        raw.hdr.tgid = 42;
+        raw.hdr.tid = 43;
+        raw.hdr.ts_ns = 2_000;
+        raw.hdr.comm[..7].copy_from_slice(&[b'p', b'y', b't', b'h', b'o', b'n', b'3'].map(|b| b as i8));
+        raw.ts_enter_ns = 1_000;
+        raw.sock_ino = 777;
+        raw.fd = 9;
+        raw.len = len;
+        raw.captured = payload.len() as u32;
+        raw.direction = tt_direction::TT_DIR_EGRESS.0 as u8;
+        raw.call = tt_io_call::TT_IO_WRITEV.0 as u8;
+        raw.addrs.family = 2;
+        raw.addrs.local_port = 8000;
+        raw.addrs.remote_port = 51000;
+        raw.addrs.local_addr[..4].copy_from_slice(&[127, 0, 0, 1]);
+        raw.addrs.remote_addr[..4].copy_from_slice(&[127, 0, 0, 2]);
+        let mut bytes = as_bytes(&raw);
+        bytes.extend_from_slice(payload);
+        bytes
+    }
+
+    #[test]
+    fn decodes_a_truncated_data_record() {
+        let event = decode(&data_record(b"data: {}\n\n", 4096)).expect("valid record");
+        let Event::Data(data) = event else {
+            panic!("expected a data event, got {event:?}")
+        };
+        assert_eq!(data.conn, ConnId { pid: 42, fd: 9, sock_ino: 777 });
+        assert_eq!(data.comm, "python3");
+        assert_eq!((data.ts_enter, data.ts_exit), (1_000, 2_000));
+        assert_eq!(data.direction, Direction::Egress);
+        assert_eq!(data.call, IoCall::Writev);
+        assert_eq!(data.payload, b"data: {}\n\n");
+        assert!(data.is_truncated());
+        let addrs = data.addrs.expect("IPv4 addresses");
+        assert_eq!(addrs.local.to_string(), "127.0.0.1:8000");
+        assert_eq!(addrs.remote.to_string(), "127.0.0.2:51000");
+    }
+
+    #[test]
+    fn rejects_short_and_inconsistent_records() {
+        assert!(matches!(decode(&[1, 0, 0]), Err(DecodeError::Short { .. })));
+        let mut record = data_record(b"abcdef", 6);
+        record.truncate(record.len() - 2);
+        assert_eq!(
+            decode(&record),
+            Err(DecodeError::PayloadMismatch { claimed: 6, present: 4 })
+        );
+        let mut unknown = data_record(b"", 0);
+        unknown[0] = 99;
+        assert_eq!(decode(&unknown), Err(DecodeError::UnknownKind(99)));
+    }
+}

@@ -1,0 +1,64 @@
+//! Host preparation the probes depend on: tracefs and libbpf's log routing.
+
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+const DEBUGFS_TRACING: &str = "/sys/kernel/debug/tracing";
+
+/// Where tracefs was found, or that the agent had to mount it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TracefsState {
+    AlreadyMounted(&'static str),
+    MountedByAgent,
+}
+
+/// Tracepoint attachment resolves event ids through tracefs, which a fresh
+/// machine may not have mounted. Mount it at /sys/kernel/tracing if needed.
+pub fn ensure_tracefs() -> Result<TracefsState> {
+    for dir in [TRACEFS, DEBUGFS_TRACING] {
+        if Path::new(dir).join("events").is_dir() {
+            return Ok(TracefsState::AlreadyMounted(dir));
+        }
+    }
+    let target = std::ffi::CString::new(TRACEFS).context("tracefs path")?;
+    let fstype = std::ffi::CString::new("tracefs").context("tracefs type")?;
+    let source = std::ffi::CString::new("nodev").context("tracefs source")?;
+    // SAFETY: all pointers are valid NUL-terminated strings that outlive the
+    // call; `data` may be NULL for tracefs.
+    let rc = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        bail!(
+            "tracefs is not mounted and mounting it at {TRACEFS} failed ({err}); \
+             run `mount -t tracefs nodev {TRACEFS}` as root, or in a container mount the \
+             host's /sys/kernel/tracing"
+        );
+    }
+    if !Path::new(TRACEFS).join("events").is_dir() {
+        bail!("mounted tracefs at {TRACEFS} but it has no events/ directory: kernel built without CONFIG_FTRACE?");
+    }
+    Ok(TracefsState::MountedByAgent)
+}
+
+/// Sends libbpf's own messages (verifier logs, attach failures) to `tracing`.
+pub fn route_libbpf_logs() {
+    fn forward(level: libbpf_rs::PrintLevel, msg: String) {
+        let msg = msg.trim_end();
+        match level {
+            libbpf_rs::PrintLevel::Warn => tracing::warn!(target: "libbpf", "{msg}"),
+            libbpf_rs::PrintLevel::Info => tracing::debug!(target: "libbpf", "{msg}"),
+            libbpf_rs::PrintLevel::Debug => tracing::trace!(target: "libbpf", "{msg}"),
+        }
+    }
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
+}

@@ -1,0 +1,8 @@
+//! Loading and attaching the kernel probes: the only module that talks to
+//! libbpf.
+
+mod host;
+mod sock;
+
+pub use host::{ensure_tracefs, route_libbpf_logs, TracefsState};
+pub use sock::{KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES};
