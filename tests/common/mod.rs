@@ -1,0 +1,937 @@
+//! Shared helpers of the root-only integration tests: start a real test
+//! server, the real agent (`tokentrace run`, which loads eBPF and so needs
+//! root) and the measuring client, then compare what the agent saw with what
+//! the client measured.
+//!
+//! Every child process lives in a guard that SIGKILLs it on drop, so nothing
+//! outlives a panicking test. When a test panics, the guards print the tail
+//! of the agent's and the server's stderr.
+//!
+//! Clocks: the client stamps with Python's `time.monotonic_ns()`
+//! (CLOCK_MONOTONIC), the agent with `bpf_ktime_get_ns()` (CLOCK_MONOTONIC):
+//! both are on one time line, so per-chunk times compare directly.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Panics unless running as root: these tests load eBPF programs. They must
+/// fail, not skip, when run unprivileged (CI runs them as root).
+pub fn require_root(test: &str) {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let euid = unsafe { libc::geteuid() };
+    assert!(
+        euid == 0,
+        "{test} needs root: run as root (CI does), e.g. `sudo -E cargo test -p tokentrace --test <name> -- --test-threads=1`; \
+         it loads eBPF programs into the kernel (euid is {euid}). It does not skip."
+    );
+}
+
+pub fn repo_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or(manifest)
+}
+
+pub fn python() -> String {
+    std::env::var("TOKENTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
+}
+
+pub fn agent_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_tokentrace"))
+}
+
+/// Lines of a child's stream, kept for failure reports.
+#[derive(Clone, Default)]
+pub struct LogTail(Arc<Mutex<Vec<String>>>);
+
+impl LogTail {
+    fn push(&self, line: String) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(line);
+        }
+    }
+    pub fn lines(&self) -> Vec<String> {
+        self.0.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+    pub fn tail(&self, n: usize) -> String {
+        let v = self.lines();
+        let start = v.len().saturating_sub(n);
+        v[start..].join("\n")
+    }
+}
+
+/// A child process that is SIGKILLed and reaped on drop.
+pub struct Proc {
+    pub name: String,
+    pub child: Child,
+    pub stderr: LogTail,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn signal(&self, sig: i32) {
+        if self.exited.is_none() {
+            // SAFETY: plain kill(2) on our own child's pid.
+            unsafe {
+                libc::kill(self.child.id() as libc::pid_t, sig);
+            }
+        }
+    }
+
+    pub fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                self.exited = Some(st);
+            }
+        }
+        self.exited
+    }
+
+    /// Waits up to `timeout` for the process to exit.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(st) = self.try_exit() {
+                return Some(st);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill(&mut self) {
+        if self.try_exit().is_none() {
+            let _ = self.child.kill();
+            if let Ok(st) = self.child.wait() {
+                self.exited = Some(st);
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let was_running = self.try_exit().is_none();
+        self.kill();
+        if thread::panicking() {
+            eprintln!(
+                "---- {} (pid {}, {}) stderr tail ----\n{}\n---- end {} ----",
+                self.name,
+                self.child.id(),
+                if was_running { "killed by the test guard" } else { "had exited" },
+                self.stderr.tail(60),
+                self.name
+            );
+        }
+    }
+}
+
+fn pump_stderr(name: &str, child: &mut Child) -> LogTail {
+    let tail = LogTail::default();
+    if let Some(err) = child.stderr.take() {
+        let t = tail.clone();
+        let name = name.to_string();
+        thread::Builder::new()
+            .name(format!("{name}-stderr"))
+            .spawn(move || {
+                for line in BufReader::new(err).lines() {
+                    match line {
+                        Ok(l) => t.push(l),
+                        Err(_) => break,
+                    }
+                }
+            })
+            .expect("spawn stderr reader thread");
+    }
+    tail
+}
+
+/// Which test server to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerKind {
+    /// tests/servers/fastapi_app.py (FastAPI + uvicorn, asyncio).
+    FastApi,
+    /// tests/servers/stdlib_sse.py (http.server, threads, framing in
+    /// separate writes).
+    Stdlib,
+}
+
+pub struct Server {
+    pub proc: Proc,
+    pub port: u16,
+    pub kind: ServerKind,
+}
+
+impl Server {
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+}
+
+/// Starts a test server on a free port (`--port 0`) and waits for its
+/// `READY <port>` line.
+pub fn start_server(kind: ServerKind, extra: &[&str]) -> Server {
+    let script = match kind {
+        ServerKind::FastApi => "tests/servers/fastapi_app.py",
+        ServerKind::Stdlib => "tests/servers/stdlib_sse.py",
+    };
+    let path = repo_root().join(script);
+    let mut child = Command::new(python())
+        .arg("-u")
+        .arg(&path)
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .args(extra)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {} {}: {e}", python(), path.display()));
+    let stderr = pump_stderr(script, &mut child);
+    let out = child.stdout.take().expect("server stdout is piped");
+    let (tx, rx) = mpsc::channel::<String>();
+    thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            match line {
+                Ok(l) => {
+                    if tx.send(l).is_err() {
+                        break;
+                    }
+                }
+                Err(_) => break,
+            }
+        }
+    });
+    let mut proc = Proc { name: script.to_string(), child, stderr, exited: None };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match rx.recv_timeout(left.max(Duration::from_millis(1))) {
+            Ok(line) => {
+                if let Some(p) = line.strip_prefix("READY ") {
+                    let port: u16 = p.trim().parse().unwrap_or_else(|_| panic!("{script}: bad READY line {line:?}"));
+                    eprintln!("[test] {script} ready on port {port}, pid {}", proc.pid());
+                    return Server { proc, port, kind };
+                }
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                let st = proc.wait_timeout(Duration::from_secs(2));
+                panic!(
+                    "{script} exited before READY ({st:?}); is fastapi/uvicorn/sse-starlette installed \
+                     (pip install fastapi uvicorn sse-starlette)? stderr:\n{}",
+                    proc.stderr.tail(40)
+                );
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                panic!("{script} printed no READY line within 30 s; stderr:\n{}", proc.stderr.tail(40));
+            }
+        }
+    }
+}
+
+/// One JSON line of `tokentrace run --output json`, with its arrival time.
+#[derive(Debug, Clone)]
+pub struct AgentLine {
+    pub at: Instant,
+    pub v: Value,
+}
+
+pub struct Agent {
+    pub proc: Proc,
+    rx: Receiver<AgentLine>,
+    pub lines: Vec<AgentLine>,
+    pub non_json: LogTail,
+    pub ready_after: Duration,
+}
+
+/// Starts `tokentrace run <args> --output json` and waits (60 s) for
+/// `tokentrace: ready` on its stderr.
+pub fn start_agent(args: &[String]) -> Agent {
+    let bin = agent_bin();
+    let mut full: Vec<String> = vec!["run".into()];
+    full.extend(args.iter().cloned());
+    full.extend(["--output".to_string(), "json".to_string()]);
+    eprintln!("[test] {} {}", bin.display(), full.join(" "));
+    let t0 = Instant::now();
+    let mut child = Command::new(&bin)
+        .args(&full)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+
+    // stderr: keep every line, signal readiness
+    let stderr = LogTail::default();
+    let (ready_tx, ready_rx) = mpsc::channel::<()>();
+    if let Some(err) = child.stderr.take() {
+        let t = stderr.clone();
+        thread::spawn(move || {
+            let mut sent = false;
+            for line in BufReader::new(err).lines() {
+                let Ok(l) = line else { break };
+                if !sent && l.contains("tokentrace: ready") {
+                    let _ = ready_tx.send(());
+                    sent = true;
+                }
+                t.push(l);
+            }
+        });
+    }
+    // stdout: one JSON object per line
+    let non_json = LogTail::default();
+    let (tx, rx) = mpsc::channel::<AgentLine>();
+    if let Some(out) = child.stdout.take() {
+        let nj = non_json.clone();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(l) = line else { break };
+                let at = Instant::now();
+                if l.trim().is_empty() {
+                    continue;
+                }
+                match serde_json::from_str::<Value>(&l) {
+                    Ok(v) if v.is_object() => {
+                        if tx.send(AgentLine { at, v }).is_err() {
+                            break;
+                        }
+                    }
+                    _ => nj.push(l),
+                }
+            }
+        });
+    }
+    let mut proc = Proc { name: "tokentrace".into(), child, stderr, exited: None };
+    let deadline = t0 + Duration::from_secs(60);
+    loop {
+        match ready_rx.recv_timeout(Duration::from_millis(100)) {
+            Ok(()) => break,
+            Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {
+                if let Some(st) = proc.try_exit() {
+                    panic!(
+                        "tokentrace exited ({st}) before printing `tokentrace: ready`; stderr:\n{}",
+                        proc.stderr.tail(60)
+                    );
+                }
+                if Instant::now() >= deadline {
+                    panic!(
+                        "tokentrace printed no `tokentrace: ready` on stderr within 60 s; stderr:\n{}",
+                        proc.stderr.tail(60)
+                    );
+                }
+            }
+        }
+    }
+    let ready_after = t0.elapsed();
+    eprintln!("[test] agent ready after {:.2} s", ready_after.as_secs_f64());
+    Agent { proc, rx, lines: Vec::new(), non_json, ready_after }
+}
+
+impl Agent {
+    /// Standard arguments: trace the server's pid, stop by itself after 5
+    /// minutes at the latest (the tests stop it with SIGINT much earlier).
+    pub fn for_pids(pids: &[u32]) -> Vec<String> {
+        let mut a = Vec::new();
+        for p in pids {
+            a.push("--pid".to_string());
+            a.push(p.to_string());
+        }
+        a.push("--duration".into());
+        a.push("300s".into());
+        a
+    }
+
+    fn drain(&mut self) {
+        while let Ok(l) = self.rx.try_recv() {
+            self.lines.push(l);
+        }
+    }
+
+    /// Collects lines until every path in `paths` has been reported or the
+    /// timeout passes. Returns the paths still missing.
+    pub fn wait_for_paths(&mut self, paths: &BTreeSet<String>, timeout: Duration) -> BTreeSet<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            let seen: BTreeSet<String> = self.lines.iter().filter_map(|l| str_field(&l.v, "path")).collect();
+            let missing: BTreeSet<String> = paths.difference(&seen).cloned().collect();
+            if missing.is_empty() || Instant::now() >= deadline {
+                return missing;
+            }
+            if self.proc.try_exit().is_some() {
+                // stdout may still hold lines: give the reader a moment
+                thread::sleep(Duration::from_millis(200));
+                self.drain();
+                let seen: BTreeSet<String> = self.lines.iter().filter_map(|l| str_field(&l.v, "path")).collect();
+                return paths.difference(&seen).cloned().collect();
+            }
+            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                self.lines.push(l);
+            }
+        }
+    }
+
+    /// Waits for the first line whose `path` is `path`.
+    pub fn wait_for_path(&mut self, path: &str, timeout: Duration) -> Option<AgentLine> {
+        let mut set = BTreeSet::new();
+        set.insert(path.to_string());
+        let missing = self.wait_for_paths(&set, timeout);
+        if missing.is_empty() {
+            self.lines.iter().find(|l| str_field(&l.v, "path").as_deref() == Some(path)).cloned()
+        } else {
+            None
+        }
+    }
+
+    /// SIGINT, wait up to 15 s for exit, collect the remaining lines.
+    pub fn stop(&mut self) -> Option<ExitStatus> {
+        self.proc.signal(libc::SIGINT);
+        let st = self.proc.wait_timeout(Duration::from_secs(15));
+        // the stdout reader ends at EOF; collect what it still has
+        let until = Instant::now() + Duration::from_secs(2);
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(l) => self.lines.push(l),
+                Err(RecvTimeoutError::Disconnected) => break,
+                Err(RecvTimeoutError::Timeout) => {
+                    if Instant::now() >= until {
+                        break;
+                    }
+                }
+            }
+        }
+        if st.is_none() {
+            eprintln!("[test] tokentrace did not exit within 15 s of SIGINT; killing it");
+            self.proc.kill();
+        }
+        st
+    }
+
+    pub fn values(&self) -> Vec<Value> {
+        self.lines.iter().map(|l| l.v.clone()).collect()
+    }
+}
+
+/// The CLI contract after SIGINT: exit status 0, only JSON on stdout.
+pub fn check_agent_exit(agent: &Agent, stop: Option<ExitStatus>, report: &mut Report) {
+    match stop {
+        Some(s) if s.success() => {}
+        other => report.failures.push(format!(
+            "tokentrace should exit 0 after SIGINT, got {other:?} (None = still running after 15 s); stderr tail:\n{}",
+            agent.proc.stderr.tail(20)
+        )),
+    }
+    let nj = agent.non_json.lines();
+    if !nj.is_empty() {
+        report.failures.push(format!("tokentrace printed non-JSON lines on stdout with --output json: {nj:?}"));
+    }
+}
+
+// ------------------------------------------------------------------ client
+
+/// One request as tests/clients/stream_client.py measured it.
+#[derive(Debug, Clone)]
+pub struct ClientRecord {
+    pub path: String,
+    pub status: Option<u64>,
+    pub response_id: Option<String>,
+    pub chunks: u64,
+    pub t_send_ns: Option<u64>,
+    pub chunk_arrival_ns: Vec<u64>,
+    pub server_write_ns: Vec<Option<u64>>,
+    pub ttft_ns: Option<u64>,
+    pub e2e_ns: Option<u64>,
+    pub aborted: bool,
+    pub error: Option<String>,
+    pub body_kind: Option<String>,
+    pub raw: Value,
+}
+
+impl ClientRecord {
+    fn from_value(v: Value) -> Self {
+        let u64s = |k: &str| -> Vec<u64> {
+            v.get(k).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
+        };
+        ClientRecord {
+            path: str_field(&v, "path").unwrap_or_default(),
+            status: v.get("status").and_then(Value::as_u64),
+            response_id: str_field(&v, "response_id"),
+            chunks: v.get("chunks").and_then(Value::as_u64).unwrap_or(0),
+            t_send_ns: v.get("t_send_ns").and_then(Value::as_u64),
+            chunk_arrival_ns: u64s("chunk_arrival_ns"),
+            server_write_ns: v
+                .get("server_write_ns")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().map(Value::as_u64).collect())
+                .unwrap_or_default(),
+            ttft_ns: v.get("ttft_ns").and_then(Value::as_u64),
+            e2e_ns: v.get("e2e_ns").and_then(Value::as_u64),
+            aborted: v.get("aborted").and_then(Value::as_bool).unwrap_or(false),
+            error: str_field(&v, "error"),
+            body_kind: str_field(&v, "body_kind"),
+            raw: v,
+        }
+    }
+}
+
+/// Arguments of one client run.
+#[derive(Debug, Clone)]
+pub struct ClientRun {
+    pub path: &'static str,
+    pub requests: u32,
+    pub concurrency: u32,
+    pub stream: bool,
+    pub tokens: u32,
+    pub token_delay_ms: f64,
+    pub ttft_ms: f64,
+    pub crash_after: Option<u32>,
+    pub sse_impl: Option<&'static str>,
+    pub rid_prefix: String,
+}
+
+impl ClientRun {
+    pub fn sse(requests: u32, concurrency: u32, prefix: &str) -> Self {
+        ClientRun {
+            path: "/v1/chat/completions",
+            requests,
+            concurrency,
+            stream: true,
+            tokens: 12,
+            token_delay_ms: 15.0,
+            ttft_ms: 40.0,
+            crash_after: None,
+            sse_impl: None,
+            rid_prefix: prefix.to_string(),
+        }
+    }
+}
+
+/// Runs the client to completion (3 min limit) and returns its records.
+pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
+    let script = repo_root().join("tests/clients/stream_client.py");
+    let mut cmd = Command::new(python());
+    cmd.arg("-u")
+        .arg(&script)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--path", run.path])
+        .args(["--requests", &run.requests.to_string()])
+        .args(["--concurrency", &run.concurrency.to_string()])
+        .arg(if run.stream { "--stream" } else { "--no-stream" })
+        .args(["--tokens", &run.tokens.to_string()])
+        .args(["--token-delay-ms", &run.token_delay_ms.to_string()])
+        .args(["--ttft-ms", &run.ttft_ms.to_string()])
+        .args(["--rid-prefix", &run.rid_prefix]);
+    if let Some(k) = run.crash_after {
+        cmd.args(["--crash-after", &k.to_string()]);
+    }
+    if let Some(s) = run.sse_impl {
+        cmd.args(["--sse-impl", s]);
+    }
+    let mut child = cmd
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start the client {}: {e}", script.display()));
+    let mut out = child.stdout.take().expect("client stdout is piped");
+    let reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = pump_stderr("stream_client.py", &mut child);
+    let mut proc = Proc { name: "stream_client.py".into(), child, stderr, exited: None };
+    let st = proc.wait_timeout(Duration::from_secs(180));
+    let Some(st) = st else {
+        panic!("stream_client.py did not finish within 180 s ({run:?})");
+    };
+    let stdout = reader.join().unwrap_or_default();
+    assert!(st.success(), "stream_client.py failed ({st}); stderr:\n{}", proc.stderr.tail(40));
+    let recs: Vec<ClientRecord> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            ClientRecord::from_value(
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("client printed a bad JSON line {l:?}: {e}")),
+            )
+        })
+        .collect();
+    assert_eq!(
+        recs.len(),
+        run.requests as usize,
+        "client printed {} records for {} requests",
+        recs.len(),
+        run.requests
+    );
+    recs
+}
+
+// ------------------------------------------------------------- comparison
+
+pub fn str_field(v: &Value, k: &str) -> Option<String> {
+    v.get(k).and_then(Value::as_str).map(str::to_string)
+}
+
+fn f64_field(v: &Value, k: &str) -> Option<f64> {
+    v.get(k).and_then(Value::as_f64)
+}
+
+/// min/p50/p95/max of a sample, for the logs.
+#[derive(Debug, Default, Clone)]
+pub struct Dist {
+    pub name: String,
+    pub xs: Vec<f64>,
+}
+
+impl Dist {
+    pub fn new(name: &str) -> Self {
+        Dist { name: name.to_string(), xs: Vec::new() }
+    }
+    pub fn push(&mut self, x: f64) {
+        self.xs.push(x);
+    }
+    fn sorted(&self) -> Vec<f64> {
+        let mut s = self.xs.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        s
+    }
+    pub fn pct(&self, p: f64) -> f64 {
+        let s = self.sorted();
+        if s.is_empty() {
+            return f64::NAN;
+        }
+        let i = ((p / 100.0) * (s.len() - 1) as f64).round() as usize;
+        s[i.min(s.len() - 1)]
+    }
+    pub fn max(&self) -> f64 {
+        self.sorted().last().copied().unwrap_or(f64::NAN)
+    }
+    pub fn min(&self) -> f64 {
+        self.sorted().first().copied().unwrap_or(f64::NAN)
+    }
+    pub fn summary(&self) -> String {
+        format!(
+            "{:<44} n={:<5} min={:>8.3} p50={:>8.3} p95={:>8.3} p99={:>8.3} max={:>8.3} ms",
+            self.name,
+            self.xs.len(),
+            self.min(),
+            self.pct(50.0),
+            self.pct(95.0),
+            self.pct(99.0),
+            self.max()
+        )
+    }
+}
+
+/// Bounds the comparison asserts (all in milliseconds).
+#[derive(Debug, Clone)]
+pub struct Tolerance {
+    /// |agent TTFT − client TTFT|.
+    pub ttft_abs_ms: f64,
+    /// client arrival − agent emit, per chunk: must lie in [min, max].
+    /// min < 0 means "the agent's emit may be this much later than the
+    /// arrival" (float rounding of chunk_offsets_ms only: physically the
+    /// write precedes the arrival).
+    pub arrival_minus_emit_min_ms: f64,
+    pub arrival_minus_emit_max_ms: f64,
+    /// agent emit − server's own CLOCK_MONOTONIC stamp taken just before
+    /// the write, per SSE chunk: must lie in [min, max].
+    pub emit_minus_server_min_ms: f64,
+    pub emit_minus_server_max_ms: f64,
+}
+
+impl Tolerance {
+    /// Light load (≤ 4 concurrent streams) on a 2-core machine.
+    pub fn light() -> Self {
+        Tolerance {
+            ttft_abs_ms: 2.0,
+            arrival_minus_emit_min_ms: -0.2,
+            arrival_minus_emit_max_ms: 5.0,
+            emit_minus_server_min_ms: -0.01,
+            emit_minus_server_max_ms: 5.0,
+        }
+    }
+}
+
+/// What every matched request must look like.
+#[derive(Debug, Clone)]
+pub struct Expect {
+    pub stream: bool,
+    pub status: u64,
+    /// The response carries an `"id"` (OpenAI JSON / SSE) the agent must
+    /// report exactly.
+    pub has_response_id: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Report {
+    pub failures: Vec<String>,
+    pub ttft_abs: Dist,
+    pub ttft_signed: Dist,
+    pub arrival_minus_emit: Dist,
+    pub emit_minus_server: Dist,
+    pub start_minus_send: Dist,
+    pub e2e_signed: Dist,
+    pub matched: usize,
+}
+
+impl Report {
+    pub fn new() -> Self {
+        Report {
+            ttft_abs: Dist::new("|client TTFT - agent TTFT|"),
+            ttft_signed: Dist::new("client TTFT - agent TTFT"),
+            arrival_minus_emit: Dist::new("client chunk arrival - agent chunk emit"),
+            emit_minus_server: Dist::new("agent chunk emit - server write stamp"),
+            start_minus_send: Dist::new("agent request_start - client t_send"),
+            e2e_signed: Dist::new("client e2e - agent e2e"),
+            ..Default::default()
+        }
+    }
+
+    pub fn print(&self, title: &str) {
+        eprintln!("==== {title}: {} requests matched ====", self.matched);
+        for d in [
+            &self.ttft_abs,
+            &self.ttft_signed,
+            &self.start_minus_send,
+            &self.arrival_minus_emit,
+            &self.emit_minus_server,
+            &self.e2e_signed,
+        ] {
+            if !d.xs.is_empty() {
+                eprintln!("  {}", d.summary());
+            }
+        }
+    }
+
+    /// Panics with every failure (first 40) when there is any.
+    pub fn assert_ok(&self, title: &str) {
+        if !self.failures.is_empty() {
+            let n = self.failures.len();
+            let shown: Vec<&String> = self.failures.iter().take(40).collect();
+            panic!(
+                "{title}: {n} check(s) failed:\n  {}",
+                shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n  ")
+            );
+        }
+    }
+}
+
+/// Groups agent records by `path`.
+pub fn by_path(agent: &[Value]) -> BTreeMap<String, Vec<Value>> {
+    let mut m: BTreeMap<String, Vec<Value>> = BTreeMap::new();
+    for v in agent {
+        m.entry(str_field(v, "path").unwrap_or_else(|| "<no path>".into())).or_default().push(v.clone());
+    }
+    m
+}
+
+/// Compares every client request with the agent's record of it: exactly one
+/// agent record per client path, no agent record for a path the client did
+/// not send, equal chunk counts and response ids, TTFT and per-chunk times
+/// within `tol`.
+pub fn compare(
+    client: &[ClientRecord],
+    agent: &[Value],
+    server_pid: u32,
+    expect: &Expect,
+    tol: &Tolerance,
+    report: &mut Report,
+) {
+    let f = &mut report.failures;
+    let agent_by_path = by_path(agent);
+    let client_paths: BTreeSet<&str> = client.iter().map(|c| c.path.as_str()).collect();
+    assert_eq!(client_paths.len(), client.len(), "client paths must be unique");
+    for (p, recs) in &agent_by_path {
+        if !client_paths.contains(p.as_str()) {
+            f.push(format!("agent reported {} record(s) for a path the client never sent: {p:?}: {}", recs.len(), recs[0]));
+        }
+    }
+    for c in client {
+        let p = &c.path;
+        if c.aborted || c.error.is_some() {
+            f.push(format!("{p}: the client itself failed ({:?}); the test setup is broken", c.error));
+            continue;
+        }
+        let Some(recs) = agent_by_path.get(p) else {
+            f.push(format!("{p}: no agent record (lost request)"));
+            continue;
+        };
+        if recs.len() != 1 {
+            f.push(format!("{p}: {} agent records, expected exactly one: {recs:?}", recs.len()));
+            continue;
+        }
+        let a = &recs[0];
+        report.matched += 1;
+        let ctx = |what: String| format!("{p}: {what}");
+
+        if a.get("pid").and_then(Value::as_u64) != Some(u64::from(server_pid)) {
+            f.push(ctx(format!("pid {:?}, expected {server_pid}", a.get("pid"))));
+        }
+        if a.get("status").and_then(Value::as_u64) != Some(expect.status) {
+            f.push(ctx(format!("status {:?}, expected {}", a.get("status"), expect.status)));
+        }
+        if c.status != Some(expect.status) {
+            f.push(ctx(format!("client saw status {:?}, expected {}", c.status, expect.status)));
+        }
+        if str_field(a, "method").as_deref() != Some("POST") {
+            f.push(ctx(format!("method {:?}, expected POST", a.get("method"))));
+        }
+        if a.get("stream").and_then(Value::as_bool) != Some(expect.stream) {
+            f.push(ctx(format!("stream {:?}, expected {}", a.get("stream"), expect.stream)));
+        }
+        if a.get("aborted").and_then(Value::as_bool) != Some(false) {
+            f.push(ctx(format!("aborted {:?} (reason {:?}), expected false", a.get("aborted"), a.get("abort_reason"))));
+        }
+        if a.get("tls").and_then(Value::as_bool) != Some(false) {
+            f.push(ctx(format!("tls {:?}, expected false (plaintext)", a.get("tls"))));
+        }
+        let a_chunks = a.get("chunks").and_then(Value::as_u64);
+        if a_chunks != Some(c.chunks) {
+            f.push(ctx(format!("agent chunks {a_chunks:?} != client chunks {}", c.chunks)));
+        }
+        let a_rid = str_field(a, "response_id");
+        if expect.has_response_id && c.response_id.is_none() {
+            f.push(ctx("client saw no response id".into()));
+        }
+        if a_rid != c.response_id {
+            f.push(ctx(format!("agent response_id {a_rid:?} != client {:?}", c.response_id)));
+        }
+        let offsets: Vec<f64> = a
+            .get("chunk_offsets_ms")
+            .and_then(Value::as_array)
+            .map(|xs| xs.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default();
+        if offsets.len() as u64 != a_chunks.unwrap_or(u64::MAX) {
+            f.push(ctx(format!("chunk_offsets_ms has {} entries, chunks is {a_chunks:?}", offsets.len())));
+        }
+        let itl_len = a.get("itl_ms").and_then(Value::as_array).map(Vec::len);
+        if itl_len != Some(offsets.len().saturating_sub(1)) {
+            f.push(ctx(format!("itl_ms has {itl_len:?} entries for {} chunks", offsets.len())));
+        }
+        let Some(rs) = a.get("request_start_ns").and_then(Value::as_u64) else {
+            f.push(ctx(format!("no request_start_ns: {a}")));
+            continue;
+        };
+        let Some(t_send) = c.t_send_ns else { continue };
+        // request_start is the exit of the server's read: after the client's send
+        let sms = (rs as f64 - t_send as f64) / 1e6;
+        report.start_minus_send.push(sms);
+        if sms < -0.01 {
+            f.push(ctx(format!(
+                "agent request_start_ns is {:.3} ms BEFORE the client sent the request (clock mismatch? request_start_ns must be CLOCK_MONOTONIC)",
+                -sms
+            )));
+        }
+        // TTFT
+        match (f64_field(a, "ttft_ms"), c.ttft_ns) {
+            (Some(at), Some(ct)) => {
+                let d = ct as f64 / 1e6 - at;
+                report.ttft_signed.push(d);
+                report.ttft_abs.push(d.abs());
+                if d.abs() >= tol.ttft_abs_ms {
+                    f.push(ctx(format!(
+                        "|client TTFT {:.3} - agent TTFT {at:.3}| = {:.3} ms >= {} ms",
+                        ct as f64 / 1e6,
+                        d.abs(),
+                        tol.ttft_abs_ms
+                    )));
+                }
+            }
+            (at, ct) => f.push(ctx(format!("TTFT missing: agent {at:?}, client {ct:?}"))),
+        }
+        // e2e, reported only (the final write is the terminating chunk)
+        if let (Some(ae), Some(ce)) = (f64_field(a, "e2e_ms"), c.e2e_ns) {
+            report.e2e_signed.push(ce as f64 / 1e6 - ae);
+        }
+        // every chunk
+        for (i, off) in offsets.iter().enumerate() {
+            let Some(&arr) = c.chunk_arrival_ns.get(i) else { break };
+            let d = (arr as f64 - rs as f64) / 1e6 - off;
+            report.arrival_minus_emit.push(d);
+            if d < tol.arrival_minus_emit_min_ms || d > tol.arrival_minus_emit_max_ms {
+                f.push(ctx(format!(
+                    "chunk {i}: client arrival - agent emit = {d:.3} ms, outside [{}, {}]",
+                    tol.arrival_minus_emit_min_ms, tol.arrival_minus_emit_max_ms
+                )));
+            }
+            if let Some(Some(sw)) = c.server_write_ns.get(i) {
+                let e = off - (*sw as f64 - rs as f64) / 1e6;
+                report.emit_minus_server.push(e);
+                if e < tol.emit_minus_server_min_ms || e > tol.emit_minus_server_max_ms {
+                    f.push(ctx(format!(
+                        "chunk {i}: agent emit - server write stamp = {e:.3} ms, outside [{}, {}]",
+                        tol.emit_minus_server_min_ms, tol.emit_minus_server_max_ms
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// The paths of a client run, as a set.
+pub fn paths(recs: &[ClientRecord]) -> BTreeSet<String> {
+    recs.iter().map(|c| c.path.clone()).collect()
+}
+
+/// One scenario end to end: server + agent + client runs, compare, print,
+/// assert. `runs` are executed one after another against the same agent.
+pub fn scenario(
+    title: &str,
+    kind: ServerKind,
+    server_args: &[&str],
+    runs: &[ClientRun],
+    expect: &Expect,
+    tol: &Tolerance,
+) -> Report {
+    let server = start_server(kind, server_args);
+    let mut agent = start_agent(&Agent::for_pids(&[server.pid()]));
+    let mut client: Vec<ClientRecord> = Vec::new();
+    for r in runs {
+        let t = Instant::now();
+        let recs = run_client(server.port, r);
+        eprintln!(
+            "[test] client run {:?} x{} (c={}): {} records in {:.2} s",
+            r.rid_prefix,
+            r.requests,
+            r.concurrency,
+            recs.len(),
+            t.elapsed().as_secs_f64()
+        );
+        client.extend(recs);
+    }
+    let all = paths(&client);
+    let missing = agent.wait_for_paths(&all, Duration::from_secs(20));
+    if !missing.is_empty() {
+        eprintln!("[test] {} of {} requests not reported 20 s after the client finished", missing.len(), all.len());
+    }
+    // a moment for duplicates to show up, then stop (SIGINT) and drain
+    thread::sleep(Duration::from_millis(300));
+    let stop = agent.stop();
+    let mut report = Report::new();
+    compare(&client, &agent.values(), server.pid(), expect, tol, &mut report);
+    report.print(title);
+    check_agent_exit(&agent, stop, &mut report);
+    report.assert_ok(title);
+    report
+}
