@@ -146,3 +146,18 @@ fn root_stdlib_non_streaming_json() {
         &Tolerance::light(),
     );
 }
+
+#[test]
+fn root_fastapi_selected_by_listening_port() {
+    require_root("root_fastapi_selected_by_listening_port");
+    // `tokentrace run --port P` must find the uvicorn process listening on P
+    scenario_with(
+        "fastapi SSE, agent started with --port",
+        ServerKind::FastApi,
+        &[],
+        Selector::Port,
+        &[ClientRun::sse(5, 1, "port-")],
+        &SSE,
+        &Tolerance::light(),
+    );
+}

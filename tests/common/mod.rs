@@ -271,7 +271,15 @@ pub fn start_agent(args: &[String]) -> Agent {
     full.extend(["--output".to_string(), "json".to_string()]);
     eprintln!("[test] {} {}", bin.display(), full.join(" "));
     let t0 = Instant::now();
-    let mut child = Command::new(&bin)
+    let mut cmd = Command::new(&bin);
+    // the CLI reads TOKENTRACE_* overrides: only the log level may leak in
+    for (k, _) in std::env::vars_os() {
+        let key = k.to_string_lossy();
+        if key.starts_with("TOKENTRACE_") && key != "TOKENTRACE_LOG" {
+            cmd.env_remove(&k);
+        }
+    }
+    let mut child = cmd
         .args(&full)
         .current_dir(repo_root())
         .stdin(Stdio::null())
@@ -358,6 +366,11 @@ impl Agent {
         a.push("--duration".into());
         a.push("300s".into());
         a
+    }
+
+    /// Trace the processes listening on `port` (`--port`).
+    pub fn for_port(port: u16) -> Vec<String> {
+        vec!["--port".into(), port.to_string(), "--duration".into(), "300s".into()]
     }
 
     fn drain(&mut self) {
@@ -904,8 +917,33 @@ pub fn scenario(
     expect: &Expect,
     tol: &Tolerance,
 ) -> Report {
+    scenario_with(title, kind, server_args, Selector::Pid, runs, expect, tol)
+}
+
+/// How the agent is told which process to trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Selector {
+    /// `--pid <server pid>`
+    Pid,
+    /// `--port <server port>`
+    Port,
+}
+
+pub fn scenario_with(
+    title: &str,
+    kind: ServerKind,
+    server_args: &[&str],
+    selector: Selector,
+    runs: &[ClientRun],
+    expect: &Expect,
+    tol: &Tolerance,
+) -> Report {
     let server = start_server(kind, server_args);
-    let mut agent = start_agent(&Agent::for_pids(&[server.pid()]));
+    let agent_args = match selector {
+        Selector::Pid => Agent::for_pids(&[server.pid()]),
+        Selector::Port => Agent::for_port(server.port),
+    };
+    let mut agent = start_agent(&agent_args);
     let mut client: Vec<ClientRecord> = Vec::new();
     for r in runs {
         let t = Instant::now();
