@@ -1,1 +1,51 @@
-fn main() {}
+//! Developer tasks: `cargo xtask <task>`.
+//!
+//! - `deps`    install what building and testing need (apt, pip), if missing
+//! - `demo`    the main job on a bare machine: a bundled example streaming
+//!   server, traffic, and the agent tracing it
+//! - `test`    deps, then the whole test suite (unit + root eBPF integration)
+//! - `bench`   overhead of the agent on a ≥20k writes/s streaming server
+//! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
+
+mod bench;
+mod deps;
+mod demo;
+mod util;
+
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+
+fn run(task: &str, rest: &[String]) -> Result<()> {
+    match task {
+        "deps" => deps::install(deps::Scope::All),
+        "demo" => demo::run(rest),
+        "test" => {
+            deps::install(deps::Scope::All)?;
+            util::ensure_tracefs()?;
+            // Integration tests start servers on loopback and load eBPF
+            // programs: one at a time keeps their measurements clean.
+            let mut args = vec!["test", "--workspace", "--", "--test-threads=1"];
+            args.extend(rest.iter().map(String::as_str));
+            util::cargo(&args)
+        }
+        "bench" => bench::run(rest),
+        "vmlinux" => deps::vmlinux(),
+        other => bail!("unknown task {other:?}; tasks: deps, demo, test, bench, vmlinux"),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some((task, rest)) = args.split_first() else {
+        eprintln!("usage: cargo xtask <deps|demo|test|bench|vmlinux> [args]");
+        return ExitCode::from(2);
+    };
+    match run(task, rest) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask {task}: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Process helpers shared by the tasks.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// The workspace root (xtask lives one level below it).
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+/// Runs a command to completion in the workspace root; non-zero is an error.
+pub fn status(program: &str, args: &[&str]) -> Result<()> {
+    let status = Command::new(program)
+        .args(args)
+        .current_dir(root())
+        .status()
+        .with_context(|| format!("running {program}"))?;
+    if !status.success() {
+        bail!("{program} {} failed with {status}", args.join(" "));
+    }
+    Ok(())
+}
+
+pub fn cargo(args: &[&str]) -> Result<()> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    status(&cargo, args)
+}
+
+/// True when `program` runs and exits 0.
+pub fn succeeds(program: &str, args: &[&str]) -> bool {
+    Command::new(program)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+pub fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Mounts tracefs if the machine has not (the agent does this too; the
+/// tests' own helpers read it, so the task makes sure up front).
+pub fn ensure_tracefs() -> Result<()> {
+    if Path::new("/sys/kernel/tracing/events").is_dir() || !is_root() {
+        return Ok(());
+    }
+    status("mount", &["-t", "tracefs", "nodev", "/sys/kernel/tracing"])
+}
+
+/// A child process killed (and reaped) when dropped.
+pub struct Guard(pub Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a test/demo server script and waits for its `READY <port>` line.
+pub fn start_server(script: &str, args: &[&str]) -> Result<Guard> {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new("python3")
+        .arg(root().join(script))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {script}"))?;
+    let stdout = child.stdout.take().context("server stdout")?;
+    let guard = Guard(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.starts_with("READY") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(30))
+        .with_context(|| format!("{script} did not print READY within 30 s"))?;
+    Ok(guard)
+}
+
+/// Waits until `stderr` of the agent shows its ready line.
+pub fn wait_for_line(reader: impl std::io::Read + Send + 'static, needle: &'static str, echo: bool) -> Result<()> {
+    use std::io::{BufRead, BufReader};
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if echo {
+                eprintln!("{line}");
+            }
+            if line.contains(needle) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    let start = Instant::now();
+    rx.recv_timeout(Duration::from_secs(120))
+        .with_context(|| format!("no {needle:?} after {:?}", start.elapsed()))
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding a probe socket")?;
+    Ok(listener.local_addr()?.port())
+}
