@@ -1,7 +1,140 @@
 //! Stitching: ordered kernel events in, finished request timelines out.
 //!
-//! Pure and synchronous: no I/O, no clock reads, no tokio.
+//! Pure and synchronous: no I/O, no clock reads, no tokio. The caller feeds
+//! events in [`Event::order_ts`] order and passes the current time where
+//! time matters ([`Stitcher::expire_idle`], [`Stitcher::finish`]), so every
+//! behaviour is reproducible from a list of hand-built events.
+//!
+//! The first protocol is HTTP/1.1 with SSE, server side: a traced process
+//! reads requests and writes responses, and each response write is an emit
+//! time. See `design.md`, "Stitching rules".
+//!
+//! Layout: [`table`] finds connections, [`connection`] runs one,
+//! [`request`] and [`response`] parse its two directions with [`http`],
+//! [`chunked`], [`sse`] and [`json_fields`].
 
+mod chunked;
+mod connection;
+mod error;
+mod exchange;
+mod http;
+mod input;
+mod json_fields;
+mod request;
+mod response;
+mod sink;
+mod sse;
+mod table;
 pub mod timeline;
 
+#[cfg(test)]
+mod tests;
+
+use serde::Serialize;
+
+use crate::event::{Event, MonoNs};
+
+pub use chunked::ChunkedError;
+pub use error::{Side, StitchError};
+pub use http::HeadError;
 pub use timeline::{AbortReason, BodyKind, RequestTimeline, Usage};
+
+use sink::Sink;
+use table::Connections;
+
+/// Memory bounds of a [`Stitcher`].
+#[derive(Debug, Clone)]
+pub struct StitchConfig {
+    /// Most bytes kept per connection and direction: a head being collected,
+    /// a body prefix kept for its JSON fields, one SSE line or event. A head
+    /// that needs more is a parse error.
+    pub max_buffered_bytes: usize,
+    /// Most connections tracked; beyond it the least recently active one is
+    /// evicted.
+    pub max_connections: usize,
+}
+
+impl Default for StitchConfig {
+    fn default() -> Self {
+        Self {
+            max_buffered_bytes: 1 << 20,
+            max_connections: 65_536,
+        }
+    }
+}
+
+/// Counters since the stitcher was created.
+#[derive(Debug, Default, Clone, Serialize)]
+pub struct StitchStats {
+    pub requests_completed: u64,
+    pub requests_aborted: u64,
+    /// Byte runs that were not HTTP/1.1 where HTTP was expected, and were
+    /// dropped.
+    pub parse_errors: u64,
+    /// Server writes whose payload the capture cap cut short.
+    pub truncated_writes: u64,
+    /// Connections on which the traced process was the client; ignored.
+    pub client_connections: u64,
+    /// Connections dropped to stay under `max_connections`.
+    pub evicted_connections: u64,
+}
+
+/// Turns the event stream of traced processes into [`RequestTimeline`]s.
+#[derive(Debug, Clone)]
+pub struct Stitcher {
+    connections: Connections,
+    stats: StitchStats,
+}
+
+impl Stitcher {
+    pub fn new(config: StitchConfig) -> Self {
+        Self {
+            connections: Connections::new(config),
+            stats: StitchStats::default(),
+        }
+    }
+
+    /// Feeds one event; events arrive sorted by [`Event::order_ts`].
+    /// Finished timelines are pushed to `out`.
+    pub fn push(&mut self, event: &Event, out: &mut Vec<RequestTimeline>) {
+        let sink = &mut Sink::new(out, &mut self.stats);
+        match event {
+            Event::Data(ev) => self.connections.on_data(ev, sink),
+            Event::Accept(ev) => self.connections.on_accept(ev, sink),
+            Event::Close(ev) => self.connections.on_close(ev, sink),
+            Event::Exit(ev) => self.connections.on_exit(ev.pid, ev.ts, sink),
+            // Neither changes a connection: exec keeps sockets open (unless
+            // CLOEXEC, which brings close events), listen is not data.
+            Event::Exec(_) | Event::Listen(_) => {}
+        }
+    }
+
+    /// Connections with no event since `now - idle_ns`: in-flight requests
+    /// come out aborted ([`AbortReason::Idle`]), ending at the connection's
+    /// last event, and their state is freed.
+    pub fn expire_idle(&mut self, now: MonoNs, idle_ns: u64, out: &mut Vec<RequestTimeline>) {
+        let sink = &mut Sink::new(out, &mut self.stats);
+        self.connections.expire(now.saturating_sub(idle_ns), sink);
+    }
+
+    /// Agent stopping: every in-flight request comes out aborted
+    /// ([`AbortReason::AgentStopped`]) with end = `now`.
+    pub fn finish(&mut self, now: MonoNs, out: &mut Vec<RequestTimeline>) {
+        let sink = &mut Sink::new(out, &mut self.stats);
+        self.connections.finish(now, sink);
+    }
+
+    /// Stops tracking every connection of a process (the agent stopped
+    /// tracing it). No output.
+    pub fn forget_process(&mut self, pid: u32) {
+        self.connections.forget_process(pid);
+    }
+
+    pub fn stats(&self) -> &StitchStats {
+        &self.stats
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.connections.len()
+    }
+}

@@ -1,0 +1,117 @@
+//! What one syscall gave the parsers: captured bytes, then bytes known only
+//! by count.
+//!
+//! The probes capture a bounded prefix of each read or write but always
+//! report its true length. Every parser therefore takes [`Bytes`], which is
+//! either captured bytes or an *unknown run*: bytes that were moved but not
+//! captured. Counting (Content-Length, chunk sizes, byte totals) works the
+//! same on both; only framing that falls inside an unknown run needs a guess,
+//! and each parser documents its own.
+
+use crate::event::{DataEvent, Direction, MonoNs};
+
+/// A run of bytes from one read or write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bytes<'a> {
+    /// Captured bytes.
+    Known(&'a [u8]),
+    /// This many bytes were moved but not captured (the capture cap cut the
+    /// payload). Always the tail of a syscall.
+    Unknown(u64),
+}
+
+impl<'a> Bytes<'a> {
+    pub(crate) fn len(&self) -> u64 {
+        match self {
+            Bytes::Known(b) => b.len() as u64,
+            Bytes::Unknown(n) => *n,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Splits off and returns up to `n` bytes from the front.
+    pub(crate) fn take(&mut self, n: u64) -> Bytes<'a> {
+        match self {
+            Bytes::Known(b) => {
+                let k = usize::try_from(n).unwrap_or(usize::MAX).min(b.len());
+                let (head, tail) = b.split_at(k);
+                *b = tail;
+                Bytes::Known(head)
+            }
+            Bytes::Unknown(m) => {
+                let k = n.min(*m);
+                *m -= k;
+                Bytes::Unknown(k)
+            }
+        }
+    }
+}
+
+/// One read or write as the parsers see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Io<'a> {
+    /// The time stitching uses for this syscall: exit for reads (arrival),
+    /// entry for writes (emit).
+    pub ts: MonoNs,
+    /// The captured prefix, never longer than the true length.
+    pub known: &'a [u8],
+    /// Bytes moved after the captured prefix.
+    pub unknown: u64,
+}
+
+impl<'a> Io<'a> {
+    pub(crate) fn of(ev: &'a DataEvent) -> Self {
+        let len = u64::from(ev.len);
+        // A payload longer than the syscall moved cannot be trusted past
+        // `len`; clamp rather than fail.
+        let known_len = usize::try_from(len)
+            .unwrap_or(usize::MAX)
+            .min(ev.payload.len());
+        let known = &ev.payload[..known_len];
+        let ts = match ev.direction {
+            Direction::Ingress => ev.ts_exit,
+            Direction::Egress => ev.ts_enter,
+        };
+        Io {
+            ts,
+            known,
+            unknown: len - known.len() as u64,
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.known.is_empty() && self.unknown == 0
+    }
+
+    pub(crate) fn is_truncated(&self) -> bool {
+        self.unknown > 0
+    }
+
+    /// The syscall's bytes in order: the captured prefix, then the unknown
+    /// tail.
+    pub(crate) fn pieces(&self) -> [Bytes<'a>; 2] {
+        [Bytes::Known(self.known), Bytes::Unknown(self.unknown)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn take_splits_known_and_unknown() {
+        let mut b = Bytes::Known(b"hello");
+        assert_eq!(b.take(2), Bytes::Known(b"he"));
+        assert_eq!(b.take(10), Bytes::Known(b"llo"));
+        assert!(b.is_empty());
+
+        let mut u = Bytes::Unknown(7);
+        assert_eq!(u.take(3), Bytes::Unknown(3));
+        assert_eq!(u.len(), 4);
+        assert_eq!(u.take(u64::MAX), Bytes::Unknown(4));
+        assert!(u.is_empty());
+    }
+}

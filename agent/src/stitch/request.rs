@@ -1,0 +1,180 @@
+//! The ingress half of a server connection: request heads and bodies.
+//!
+//! Each request joins the connection's [`Exchanges`] as soon as its head is
+//! complete; the body is then consumed by count (Content-Length or chunk
+//! sizes), so uncaptured body bytes (long prompts beyond the capture cap)
+//! cost nothing but the loss of what they said.
+
+use crate::event::{ConnId, MonoNs};
+
+use super::chunked::{ChunkedDecoder, Piece};
+use super::error::{Side, StitchError};
+use super::exchange::Exchanges;
+use super::http::{self, RequestBody};
+use super::input::{Bytes, Io};
+use super::json_fields::BodyPrefix;
+
+#[derive(Debug, Clone)]
+enum State {
+    /// Collecting a head; `start` is the arrival of its first byte.
+    Head { buf: Vec<u8>, start: Option<MonoNs> },
+    /// Consuming the body of request `seq`.
+    Body {
+        seq: u64,
+        framing: Framing,
+        prefix: BodyPrefix,
+    },
+    /// After garbage: reads are dropped until one begins with a request
+    /// line. A read boundary is the only place a new request can be found
+    /// with confidence once framing is lost.
+    Resync,
+}
+
+#[derive(Debug, Clone)]
+enum Framing {
+    Fixed { remaining: u64 },
+    Chunked(ChunkedDecoder),
+}
+
+const NEW_HEAD: State = State::Head {
+    buf: Vec::new(),
+    start: None,
+};
+
+#[derive(Debug, Clone)]
+pub(crate) struct RequestReader {
+    state: State,
+    /// Most bytes buffered for a head, and kept of a body prefix.
+    cap: usize,
+}
+
+impl RequestReader {
+    pub(crate) fn new(cap: usize) -> Self {
+        Self {
+            state: NEW_HEAD,
+            cap,
+        }
+    }
+
+    /// Feeds one read. On error the rest of the read and any partial head
+    /// are dropped and the reader resynchronises; requests already queued
+    /// stay, since their responses can still be parsed.
+    pub(crate) fn on_read(
+        &mut self,
+        io: &Io<'_>,
+        conn: ConnId,
+        exchanges: &mut Exchanges,
+    ) -> Result<(), StitchError> {
+        if matches!(self.state, State::Resync) {
+            if !http::begins_with_request_line(io.known) {
+                return Ok(());
+            }
+            self.state = NEW_HEAD;
+        }
+        for mut piece in io.pieces() {
+            while !piece.is_empty() {
+                if let Err(e) = self.step(&mut piece, io.ts, conn, exchanges) {
+                    self.state = State::Resync;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Consumes some of `piece` (at least one byte, or all of it).
+    fn step(
+        &mut self,
+        piece: &mut Bytes<'_>,
+        ts: MonoNs,
+        conn: ConnId,
+        exchanges: &mut Exchanges,
+    ) -> Result<(), StitchError> {
+        match &mut self.state {
+            State::Head { buf, start } => {
+                let Bytes::Known(bytes) = piece else {
+                    return Err(StitchError::HeadNotCaptured {
+                        conn,
+                        side: Side::Request,
+                    });
+                };
+                if buf.is_empty() {
+                    // Stray CRLFs between requests (RFC 9112 §2.2).
+                    let blank = bytes
+                        .iter()
+                        .take_while(|c| matches!(c, b'\r' | b'\n'))
+                        .count();
+                    *bytes = &bytes[blank..];
+                    if bytes.is_empty() {
+                        return Ok(());
+                    }
+                }
+                let start = *start.get_or_insert(ts);
+                let head = http::collect_head(buf, bytes, self.cap, http::parse_request)
+                    .map_err(|e| StitchError::head(conn, Side::Request, self.cap, e))?;
+                let Some(head) = head else {
+                    return Ok(());
+                };
+                let body = head.body;
+                let seq = exchanges.open(conn, head, start, ts);
+                self.state = match body {
+                    RequestBody::None => NEW_HEAD,
+                    RequestBody::Fixed(remaining) => State::Body {
+                        seq,
+                        framing: Framing::Fixed { remaining },
+                        prefix: BodyPrefix::new(self.cap),
+                    },
+                    RequestBody::Chunked => State::Body {
+                        seq,
+                        framing: Framing::Chunked(ChunkedDecoder::default()),
+                        prefix: BodyPrefix::new(self.cap),
+                    },
+                };
+            }
+            State::Body {
+                seq,
+                framing,
+                prefix,
+            } => {
+                let before = piece.len();
+                let done = match framing {
+                    Framing::Fixed { remaining } => {
+                        let part = piece.take(*remaining);
+                        *remaining -= part.len();
+                        prefix.push(part);
+                        *remaining == 0
+                    }
+                    Framing::Chunked(decoder) => loop {
+                        let next =
+                            decoder
+                                .next(piece)
+                                .map_err(|source| StitchError::MalformedChunk {
+                                    conn,
+                                    side: Side::Request,
+                                    source,
+                                })?;
+                        match next {
+                            Some(Piece::Data(data)) => prefix.push(data),
+                            Some(Piece::ChunkEnd) => {}
+                            Some(Piece::Done) => break true,
+                            None => break false,
+                        }
+                    },
+                };
+                if let Some(ex) = exchanges.get_mut(*seq) {
+                    let tl = &mut ex.timeline;
+                    tl.request_bytes += before - piece.len();
+                    tl.request_end = ts;
+                    if done {
+                        tl.model = prefix.fields().model;
+                    }
+                }
+                if done {
+                    self.state = NEW_HEAD;
+                }
+            }
+            State::Resync => *piece = Bytes::Known(&[]),
+        }
+        Ok(())
+    }
+}

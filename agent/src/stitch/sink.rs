@@ -1,0 +1,47 @@
+//! Where stitching results and counters go during one call into the
+//! [`Stitcher`](super::Stitcher).
+
+use tracing::debug;
+
+use super::error::StitchError;
+use super::timeline::RequestTimeline;
+use super::StitchStats;
+
+pub(crate) struct Sink<'a> {
+    out: &'a mut Vec<RequestTimeline>,
+    stats: &'a mut StitchStats,
+}
+
+impl<'a> Sink<'a> {
+    pub(crate) fn new(out: &'a mut Vec<RequestTimeline>, stats: &'a mut StitchStats) -> Self {
+        Self { out, stats }
+    }
+
+    /// Reports a finished request: each request comes through here exactly
+    /// once, complete or aborted.
+    pub(crate) fn emit(&mut self, timeline: RequestTimeline) {
+        if timeline.aborted {
+            self.stats.requests_aborted += 1;
+        } else {
+            self.stats.requests_completed += 1;
+        }
+        self.out.push(timeline);
+    }
+
+    pub(crate) fn parse_error(&mut self, err: &StitchError) {
+        self.stats.parse_errors += 1;
+        debug!(error = %err, "stitch: unparsable bytes dropped");
+    }
+
+    pub(crate) fn client_connection(&mut self) {
+        self.stats.client_connections += 1;
+    }
+
+    pub(crate) fn truncated_write(&mut self) {
+        self.stats.truncated_writes += 1;
+    }
+
+    pub(crate) fn evicted_connection(&mut self) {
+        self.stats.evicted_connections += 1;
+    }
+}

@@ -1,0 +1,1 @@
+//! Stitcher-level tests: hand-built events in, timelines out.
