@@ -5,7 +5,13 @@
 //! `ingest` (decode ring buffer records into [`event::Event`]) → `stitch`
 //! (pure: events → [`stitch::RequestTimeline`]) → `output`.
 
+pub mod check;
+pub mod cli;
+pub mod config;
+pub mod discover;
 pub mod event;
-pub mod stitch;
 pub mod ingest;
+pub mod output;
 pub mod probes;
+pub mod run;
+pub mod stitch;

@@ -1,1 +1,76 @@
-fn main() {}
+//! The `tokentrace` binary: parses the command line, runs, and maps errors
+//! to exit codes (1 = error, 2 = host cannot trace).
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tokentrace::check::{kernel_release, run_checks, Need};
+use tokentrace::cli::{Cli, Command};
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(filter: &str) {
+    let filter = EnvFilter::try_new(filter).unwrap_or_else(|_| EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn check() -> ExitCode {
+    println!(
+        "tokentrace {} on Linux {}",
+        env!("CARGO_PKG_VERSION"),
+        kernel_release()
+    );
+    let lines = run_checks();
+    for line in &lines {
+        println!("{line}");
+    }
+    let blocking: Vec<_> = lines
+        .iter()
+        .filter(|l| !l.ok && l.need == Need::Required)
+        .collect();
+    if blocking.is_empty() {
+        println!("tracing can work on this host");
+        ExitCode::SUCCESS
+    } else {
+        let names: Vec<_> = blocking.iter().map(|l| l.name).collect();
+        println!(
+            "tracing cannot work on this host: missing {}",
+            names.join(", ")
+        );
+        ExitCode::from(2)
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&cli.log_level);
+    match cli.command {
+        Command::Check => check(),
+        Command::Run(args) => {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(2)
+                .enable_all()
+                .build()
+            {
+                Ok(runtime) => runtime,
+                Err(err) => {
+                    eprintln!("Error: starting the async runtime: {err}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(tokentrace::run::run(args)) {
+                Ok(summary) => {
+                    eprintln!("{summary}");
+                    ExitCode::SUCCESS
+                }
+                Err(err) => {
+                    eprintln!("Error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+    }
+}

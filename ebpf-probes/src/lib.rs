@@ -4,7 +4,14 @@
 //! skeleton (`<Name>SkelBuilder`) and the record types of `events.h`
 //! (`types::data_event`, …).
 
-#![allow(clippy::all, missing_docs, non_camel_case_types, non_upper_case_globals)]
+// The skeletons are generated code: lints are for the code we write.
+#![allow(
+    clippy::all,
+    clippy::unwrap_used,
+    missing_docs,
+    non_camel_case_types,
+    non_upper_case_globals
+)]
 
 /// Socket syscall probes: accept/read/write/close/listen plus process lifecycle.
 pub mod sock {
@@ -25,3 +32,8 @@ unsafe impl plain::Plain for sock::types::tt_listen_event {}
 unsafe impl plain::Plain for sock::types::tt_proc_event {}
 // SAFETY: as above.
 unsafe impl plain::Plain for sock::types::bss {}
+
+/// Feature probes for `tokentrace check`: one trivial program per attach type.
+pub mod check {
+    include!(concat!(env!("OUT_DIR"), "/check.skel.rs"));
+}

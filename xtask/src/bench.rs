@@ -55,7 +55,10 @@ fn client(port: u16, opts: &Options) -> Result<f64> {
         .output()
         .context("running the flood client")?;
     if !out.status.success() {
-        bail!("flood client failed: {}", String::from_utf8_lossy(&out.stderr));
+        bail!(
+            "flood client failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let rate = text
@@ -69,7 +72,10 @@ fn client(port: u16, opts: &Options) -> Result<f64> {
 /// utime + stime of `pid`, in clock ticks.
 fn cpu_ticks(pid: u32) -> Result<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after_comm = stat.rsplit_once(')').map(|(_, rest)| rest).context("malformed stat")?;
+    let after_comm = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest)
+        .context("malformed stat")?;
     let fields: Vec<&str> = after_comm.split_whitespace().collect();
     // Fields after the comm start at field 3 (state); utime is 14, stime 15.
     let utime: u64 = fields.get(11).context("utime")?.parse()?;
@@ -93,7 +99,12 @@ struct Traced {
     summary: String,
 }
 
-fn traced_round(agent_bin: &std::path::Path, server_pid: u32, port: u16, opts: &Options) -> Result<Traced> {
+fn traced_round(
+    agent_bin: &std::path::Path,
+    server_pid: u32,
+    port: u16,
+    opts: &Options,
+) -> Result<Traced> {
     let mut child = Command::new(agent_bin)
         .args(["run", "--pid", &server_pid.to_string(), "--output", "json"])
         .stdout(Stdio::null())
@@ -111,7 +122,9 @@ fn traced_round(agent_bin: &std::path::Path, server_pid: u32, port: u16, opts: &
         }
     });
     loop {
-        let line = rx.recv_timeout(Duration::from_secs(60)).context("agent never became ready")?;
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .context("agent never became ready")?;
         if line.contains("tokentrace: ready") {
             break;
         }
@@ -124,7 +137,10 @@ fn traced_round(agent_bin: &std::path::Path, server_pid: u32, port: u16, opts: &
     let rss_kib = peak_rss_kib(agent_pid)?;
     util::status("kill", &["-INT", &agent_pid.to_string()])?;
     agent.0.wait()?;
-    let summary: Vec<String> = rx.try_iter().filter(|l| l.contains("events:") || l.contains("requests:")).collect();
+    let summary: Vec<String> = rx
+        .try_iter()
+        .filter(|l| l.contains("events:") || l.contains("requests:"))
+        .collect();
     let clk_tck = 100.0; // USER_HZ on Linux
     Ok(Traced {
         rate,
@@ -158,7 +174,13 @@ pub fn run(args: &[String]) -> Result<()> {
     let server_pid = server.0.id();
 
     // Warm-up: first connections and Python's caches.
-    client(port, &Options { seconds: 1.0, ..opts })?;
+    client(
+        port,
+        &Options {
+            seconds: 1.0,
+            ..opts
+        },
+    )?;
     let (mut base, mut traced) = (Vec::new(), Vec::new());
     let mut report = String::new();
     for round in 0..opts.rounds {

@@ -47,7 +47,10 @@ pub fn install(scope: Scope) -> Result<()> {
     let missing = missing_apt();
     if !missing.is_empty() {
         if !util::is_root() {
-            bail!("missing packages {missing:?}: run as root or `sudo apt-get install {}`", missing.join(" "));
+            bail!(
+                "missing packages {missing:?}: run as root or `sudo apt-get install {}`",
+                missing.join(" ")
+            );
         }
         eprintln!("xtask: installing {}", missing.join(" "));
         util::status("apt-get", &["update", "-qq"])?;
@@ -55,8 +58,13 @@ pub fn install(scope: Scope) -> Result<()> {
         args.extend(&missing);
         util::status("apt-get", &args).context("apt-get install")?;
     }
-    if scope == Scope::All && !succeeds("python3", &["-c", "import fastapi, uvicorn, sse_starlette"]) {
-        eprintln!("xtask: installing Python packages {}", PIP_PACKAGES.join(" "));
+    if scope == Scope::All
+        && !succeeds("python3", &["-c", "import fastapi, uvicorn, sse_starlette"])
+    {
+        eprintln!(
+            "xtask: installing Python packages {}",
+            PIP_PACKAGES.join(" ")
+        );
         let mut args = vec!["-m", "pip", "install", "-q"];
         args.extend(PIP_PACKAGES);
         util::status("python3", &args).context("pip install")?;
@@ -71,7 +79,14 @@ pub fn vmlinux() -> Result<()> {
     let out = util::root().join("ebpf-probes/include").join(arch);
     std::fs::create_dir_all(&out)?;
     let dump = std::process::Command::new("bpftool")
-        .args(["btf", "dump", "file", "/sys/kernel/btf/vmlinux", "format", "c"])
+        .args([
+            "btf",
+            "dump",
+            "file",
+            "/sys/kernel/btf/vmlinux",
+            "format",
+            "c",
+        ])
         .output()
         .context("running bpftool")?;
     if !dump.status.success() {

@@ -8,8 +8,8 @@
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
 
 mod bench;
-mod deps;
 mod demo;
+mod deps;
 mod util;
 
 use std::process::ExitCode;

@@ -94,7 +94,11 @@ pub fn start_server(script: &str, args: &[&str]) -> Result<Guard> {
 }
 
 /// Waits until `stderr` of the agent shows its ready line.
-pub fn wait_for_line(reader: impl std::io::Read + Send + 'static, needle: &'static str, echo: bool) -> Result<()> {
+pub fn wait_for_line(
+    reader: impl std::io::Read + Send + 'static,
+    needle: &'static str,
+    echo: bool,
+) -> Result<()> {
     use std::io::{BufRead, BufReader};
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

@@ -30,7 +30,10 @@ pub enum DecodeError {
     PayloadMismatch { claimed: u32, present: usize },
 }
 
-fn read<T: plain::Plain + Default + Copy>(bytes: &[u8], what: &'static str) -> Result<T, DecodeError> {
+fn read<T: plain::Plain + Default + Copy>(
+    bytes: &[u8],
+    what: &'static str,
+) -> Result<T, DecodeError> {
     let mut value = T::default();
     plain::copy_from_bytes(&mut value, bytes).map_err(|_| DecodeError::Short {
         what,
@@ -41,7 +44,11 @@ fn read<T: plain::Plain + Default + Copy>(bytes: &[u8], what: &'static str) -> R
 }
 
 fn comm(raw: &[i8]) -> String {
-    let bytes: Vec<u8> = raw.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = raw
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
@@ -182,7 +189,8 @@ mod tests {
         raw.hdr.tgid = 42;
         raw.hdr.tid = 43;
         raw.hdr.ts_ns = 2_000;
-        raw.hdr.comm[..7].copy_from_slice(&[b'p', b'y', b't', b'h', b'o', b'n', b'3'].map(|b| b as i8));
+        raw.hdr.comm[..7]
+            .copy_from_slice(&[b'p', b'y', b't', b'h', b'o', b'n', b'3'].map(|b| b as i8));
         raw.ts_enter_ns = 1_000;
         raw.sock_ino = 777;
         raw.fd = 9;
@@ -206,7 +214,14 @@ mod tests {
         let Event::Data(data) = event else {
             panic!("expected a data event, got {event:?}")
         };
-        assert_eq!(data.conn, ConnId { pid: 42, fd: 9, sock_ino: 777 });
+        assert_eq!(
+            data.conn,
+            ConnId {
+                pid: 42,
+                fd: 9,
+                sock_ino: 777
+            }
+        );
         assert_eq!(data.comm, "python3");
         assert_eq!((data.ts_enter, data.ts_exit), (1_000, 2_000));
         assert_eq!(data.direction, Direction::Egress);
@@ -225,7 +240,10 @@ mod tests {
         record.truncate(record.len() - 2);
         assert_eq!(
             decode(&record),
-            Err(DecodeError::PayloadMismatch { claimed: 6, present: 4 })
+            Err(DecodeError::PayloadMismatch {
+                claimed: 6,
+                present: 4
+            })
         );
         let mut unknown = data_record(b"", 0);
         unknown[0] = 99;

@@ -5,4 +5,6 @@ mod host;
 mod sock;
 
 pub use host::{ensure_tracefs, route_libbpf_logs, TracefsState};
-pub use sock::{KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES};
+pub use sock::{
+    KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
+};

@@ -36,7 +36,8 @@ impl SockProbes {
         // The skeleton borrows its OpenObject storage for its whole life. The
         // agent loads this probe set once per run, so the storage is leaked
         // rather than threaded through a self-referential struct.
-        let storage: &'static mut MaybeUninit<OpenObject> = Box::leak(Box::new(MaybeUninit::uninit()));
+        let storage: &'static mut MaybeUninit<OpenObject> =
+            Box::leak(Box::new(MaybeUninit::uninit()));
         let mut open = SockSkelBuilder::default()
             .open(storage)
             .context("opening the socket BPF object")?;
@@ -65,8 +66,9 @@ impl SockProbes {
             "loading the socket BPF programs into the kernel (needs root or CAP_BPF+CAP_PERFMON; \
              run `tokentrace check` for details)",
         )?;
-        skel.attach()
-            .context("attaching syscall tracepoints (is tracefs mounted? run `tokentrace check`)")?;
+        skel.attach().context(
+            "attaching syscall tracepoints (is tracefs mounted? run `tokentrace check`)",
+        )?;
         Ok(Self { skel })
     }
 
@@ -84,7 +86,8 @@ impl SockProbes {
 
     /// A handle on the pid filter, usable from another thread.
     pub fn traced_pids(&self) -> Result<TracedPids> {
-        let map = MapHandle::try_from(&self.skel.maps.traced_tgids).context("duplicating traced_tgids")?;
+        let map = MapHandle::try_from(&self.skel.maps.traced_tgids)
+            .context("duplicating traced_tgids")?;
         Ok(TracedPids { map })
     }
 

@@ -1,0 +1,317 @@
+//! `tokentrace check`: what this host supports, one line each, found by
+//! trying it (loading and attaching a trivial program per probe type), not
+//! by reading version numbers.
+
+use std::fmt;
+use std::mem::MaybeUninit;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{MapCore, MapFlags, OpenObject, UprobeOpts};
+use tokentrace_probes::check::CheckSkelBuilder;
+
+use crate::probes::{ensure_tracefs, TracefsState};
+
+/// How much a missing feature matters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// Tracing cannot work without it.
+    Required,
+    /// Some probes (TLS, CUDA, USDT, faster paths) need it.
+    Optional,
+}
+
+#[derive(Debug, Clone)]
+pub struct CheckLine {
+    pub name: &'static str,
+    pub ok: bool,
+    pub need: Need,
+    pub detail: String,
+    /// What to do when it is missing.
+    pub fix: Option<String>,
+}
+
+impl fmt::Display for CheckLine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let status = match (self.ok, self.need) {
+            (true, _) => "ok",
+            (false, Need::Required) => "MISSING",
+            (false, Need::Optional) => "missing (optional)",
+        };
+        write!(f, "{:<12} {:<19} {}", self.name, status, self.detail)?;
+        if let (false, Some(fix)) = (self.ok, &self.fix) {
+            write!(f, "\n{:<12} {:<19} fix: {fix}", "", "")?;
+        }
+        Ok(())
+    }
+}
+
+/// A function of this executable for the uprobe check to attach to.
+#[no_mangle]
+#[inline(never)]
+pub extern "C" fn tokentrace_uprobe_check_target(x: u64) -> u64 {
+    std::hint::black_box(x).wrapping_add(1)
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Probe {
+    Tracepoint,
+    TpBtf,
+    Kprobe,
+    Fentry,
+    Uprobe,
+}
+
+/// Loads only `probe`'s program, attaches it, triggers it where it can,
+/// and returns how many times it fired (None if it cannot be triggered).
+fn try_probe(probe: Probe) -> Result<Option<u64>> {
+    let mut storage = MaybeUninit::<OpenObject>::uninit();
+    let mut open = CheckSkelBuilder::default()
+        .open(&mut storage)
+        .context("opening check object")?;
+    open.progs
+        .check_tracepoint
+        .set_autoload(matches!(probe, Probe::Tracepoint));
+    open.progs
+        .check_tp_btf
+        .set_autoload(matches!(probe, Probe::TpBtf));
+    open.progs
+        .check_kprobe
+        .set_autoload(matches!(probe, Probe::Kprobe));
+    open.progs
+        .check_fentry
+        .set_autoload(matches!(probe, Probe::Fentry));
+    open.progs
+        .check_uprobe
+        .set_autoload(matches!(probe, Probe::Uprobe));
+    let skel = open.load().context("load")?;
+    let read_hits = || -> Result<u64> {
+        let bss = skel
+            .maps
+            .bss
+            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?
+            .context("empty .bss")?;
+        let bytes: [u8; 8] = bss.get(..8).context("short .bss")?.try_into()?;
+        Ok(u64::from_ne_bytes(bytes))
+    };
+    match probe {
+        Probe::Tracepoint => {
+            let _link = skel.progs.check_tracepoint.attach().context("attach")?;
+            // SAFETY: getppid has no preconditions.
+            unsafe { libc::getppid() };
+            Ok(Some(read_hits()?))
+        }
+        Probe::Uprobe => {
+            let opts = UprobeOpts {
+                func_name: Some("tokentrace_uprobe_check_target".into()),
+                ..UprobeOpts::default()
+            };
+            let _link = skel
+                .progs
+                .check_uprobe
+                .attach_uprobe_with_opts(0, "/proc/self/exe", 0, opts)
+                .context("attach")?;
+            tokentrace_uprobe_check_target(1);
+            Ok(Some(read_hits()?))
+        }
+        Probe::TpBtf => skel
+            .progs
+            .check_tp_btf
+            .attach()
+            .context("attach")
+            .map(|_| None),
+        Probe::Kprobe => skel
+            .progs
+            .check_kprobe
+            .attach()
+            .context("attach")
+            .map(|_| None),
+        Probe::Fentry => skel
+            .progs
+            .check_fentry
+            .attach()
+            .context("attach")
+            .map(|_| None),
+    }
+}
+
+fn probe_line(name: &'static str, probe: Probe, need: Need, fix: &str) -> CheckLine {
+    let (ok, detail) = match try_probe(probe) {
+        Ok(Some(0)) => (false, "attached but never fired".to_string()),
+        Ok(Some(hits)) => (true, format!("loaded, attached and fired ({hits} hit)")),
+        Ok(None) => (true, "loaded and attached".to_string()),
+        Err(err) => (false, format!("{err:#}")),
+    };
+    CheckLine {
+        name,
+        ok,
+        need,
+        detail,
+        fix: Some(fix.to_string()),
+    }
+}
+
+fn has_capability(bit: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << bit) != 0)
+}
+
+fn privileges() -> CheckLine {
+    const CAP_SYS_ADMIN: u32 = 21;
+    const CAP_PERFMON: u32 = 38;
+    const CAP_BPF: u32 = 39;
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let bpf = has_capability(CAP_BPF) && has_capability(CAP_PERFMON);
+    let admin = has_capability(CAP_SYS_ADMIN);
+    CheckLine {
+        name: "privileges",
+        ok: bpf || admin,
+        need: Need::Required,
+        detail: format!(
+            "euid {}root, CAP_BPF+CAP_PERFMON {}, CAP_SYS_ADMIN {}",
+            if root { "" } else { "non-" },
+            if bpf { "yes" } else { "no" },
+            if admin { "yes" } else { "no" }
+        ),
+        fix: Some("run as root (sudo tokentrace …) or grant CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH".into()),
+    }
+}
+
+fn btf() -> CheckLine {
+    let ok = Path::new("/sys/kernel/btf/vmlinux").is_file();
+    CheckLine {
+        name: "BTF",
+        ok,
+        need: Need::Required,
+        detail: if ok {
+            "/sys/kernel/btf/vmlinux".into()
+        } else {
+            "/sys/kernel/btf/vmlinux not found".into()
+        },
+        fix: Some(
+            "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (every major distribution since 2020)"
+                .into(),
+        ),
+    }
+}
+
+fn tracefs() -> CheckLine {
+    let (ok, detail) = match ensure_tracefs() {
+        Ok(TracefsState::AlreadyMounted(at)) => (true, format!("mounted at {at}")),
+        Ok(TracefsState::MountedByAgent) => (
+            true,
+            "was not mounted: mounted at /sys/kernel/tracing".into(),
+        ),
+        Err(err) => (false, format!("{err:#}")),
+    };
+    CheckLine {
+        name: "tracefs",
+        ok,
+        need: Need::Required,
+        detail,
+        fix: Some("mount -t tracefs nodev /sys/kernel/tracing".into()),
+    }
+}
+
+fn ring_buffer() -> CheckLine {
+    let name = std::ffi::CString::new("tt_check_rb").unwrap_or_default();
+    // SAFETY: name is a valid C string; opts may be NULL.
+    let fd = unsafe {
+        libbpf_rs::libbpf_sys::bpf_map_create(
+            libbpf_rs::libbpf_sys::BPF_MAP_TYPE_RINGBUF,
+            name.as_ptr(),
+            0,
+            0,
+            4096,
+            std::ptr::null(),
+        )
+    };
+    let ok = fd >= 0;
+    if ok {
+        // SAFETY: fd was just returned by bpf_map_create and is owned here.
+        unsafe { libc::close(fd) };
+    }
+    CheckLine {
+        name: "ring buffer",
+        ok,
+        need: Need::Required,
+        detail: if ok {
+            "BPF_MAP_TYPE_RINGBUF created".into()
+        } else {
+            format!(
+                "creating a ring buffer map failed: {}",
+                std::io::Error::from_raw_os_error(-fd)
+            )
+        },
+        fix: Some("needs Linux 5.8 or later and BPF privileges".into()),
+    }
+}
+
+/// Runs every check. The probe checks need the earlier ones to pass.
+pub fn run_checks() -> Vec<CheckLine> {
+    // Failures are expected here and reported on their line: libbpf's own
+    // account of them is only wanted with --log-level debug.
+    fn libbpf_to_debug(_: libbpf_rs::PrintLevel, msg: String) {
+        tracing::debug!(target: "libbpf", "{}", msg.trim_end());
+    }
+    libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, libbpf_to_debug)));
+    let mut lines = vec![privileges(), btf(), tracefs(), ring_buffer()];
+    lines.push(probe_line(
+        "tracepoints",
+        Probe::Tracepoint,
+        Need::Required,
+        "needs CONFIG_FTRACE_SYSCALLS and a mounted tracefs",
+    ));
+    lines.push(probe_line(
+        "tp_btf",
+        Probe::TpBtf,
+        Need::Required,
+        "needs BTF (CONFIG_DEBUG_INFO_BTF) and Linux 5.5 or later",
+    ));
+    let uprobes = probe_line(
+        "uprobes",
+        Probe::Uprobe,
+        Need::Optional,
+        "needs CONFIG_UPROBE_EVENTS; TLS, CUDA and USDT probes depend on it",
+    );
+    lines.push(CheckLine {
+        name: "USDT",
+        ok: uprobes.ok,
+        need: Need::Optional,
+        detail: if uprobes.ok {
+            "available (libbpf USDT support over uprobes)".into()
+        } else {
+            "unavailable: uprobes do not work".into()
+        },
+        fix: Some("USDT probes are uprobes: fix uprobes first".into()),
+    });
+    lines.insert(lines.len() - 1, uprobes);
+    lines.push(probe_line(
+        "kprobes",
+        Probe::Kprobe,
+        Need::Optional,
+        "not used by default; needs CONFIG_KPROBES",
+    ));
+    lines.push(probe_line(
+        "fentry",
+        Probe::Fentry,
+        Need::Optional,
+        "not used by default; needs CONFIG_DYNAMIC_FTRACE_WITH_DIRECT_CALLS and an unrestricted lockdown mode",
+    ));
+    lines
+}
+
+/// Kernel release, for the report header.
+pub fn kernel_release() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into())
+}

@@ -1,0 +1,72 @@
+//! Command-line interface. Flags override the YAML config; every flag also
+//! reads a `TOKENTRACE_*` environment variable.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::output::OutputFormat;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "tokentrace",
+    version,
+    about = "Per-request TTFT and inter-token latency of LLM inference servers, from eBPF probes",
+    long_about = None
+)]
+pub struct Cli {
+    /// Log level or filter (error, warn, info, debug, trace, or a RUST_LOG-style filter).
+    #[arg(long, global = true, env = "TOKENTRACE_LOG", default_value = "warn")]
+    pub log_level: String,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Report what this host supports for tracing; exits non-zero if tracing cannot work.
+    Check,
+    /// Trace servers and print one timeline per finished request.
+    Run(RunArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Trace this process (repeatable). Children it forks are traced too.
+    #[arg(long, env = "TOKENTRACE_PID", value_delimiter = ',')]
+    pub pid: Vec<u32>,
+
+    /// Trace the processes listening on this TCP port (repeatable).
+    #[arg(long, env = "TOKENTRACE_PORT", value_delimiter = ',')]
+    pub port: Vec<u16>,
+
+    /// Trace processes whose executable path or command line matches this regex.
+    #[arg(long, env = "TOKENTRACE_EXE")]
+    pub exe: Option<String>,
+
+    /// Trace processes whose name (comm) matches this regex.
+    #[arg(long, env = "TOKENTRACE_COMM")]
+    pub comm: Option<String>,
+
+    /// Output format.
+    #[arg(long, value_enum, env = "TOKENTRACE_OUTPUT", default_value = "text")]
+    pub output: OutputFormat,
+
+    /// Stop after this many finished requests.
+    #[arg(long, env = "TOKENTRACE_REQUESTS")]
+    pub requests: Option<u64>,
+
+    /// Stop after this long (e.g. 30s, 5m).
+    #[arg(long, env = "TOKENTRACE_DURATION", value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// YAML config file (replaces the embedded default).
+    #[arg(long, env = "TOKENTRACE_CONFIG")]
+    pub config: Option<PathBuf>,
+
+    /// Payload bytes captured per syscall (overrides capture.bytes).
+    #[arg(long, env = "TOKENTRACE_CAPTURE_BYTES")]
+    pub capture_bytes: Option<u32>,
+}

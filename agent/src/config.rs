@@ -1,0 +1,205 @@
+//! The YAML configuration: an embedded default, optionally replaced by a
+//! user file, then overridden by command-line flags (see `cli`).
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::Deserialize;
+use thiserror::Error;
+
+/// The configuration compiled into the binary.
+pub const DEFAULT_CONFIG: &str = include_str!("../config/default.yaml");
+
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("reading config file {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("parsing config {origin}: {source}")]
+    Parse {
+        origin: String,
+        source: serde_yaml::Error,
+    },
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+/// Every section is optional in a user file; omitted ones take the
+/// built-in defaults below, which a test keeps equal to the embedded file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub capture: CaptureConfig,
+    #[serde(default = "default_endpoints")]
+    pub endpoints: Vec<String>,
+    #[serde(default)]
+    pub stitch: StitchSection,
+    #[serde(default)]
+    pub discovery: DiscoveryConfig,
+}
+
+fn default_endpoints() -> Vec<String> {
+    [
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/messages",
+        "/v1/responses",
+        "/generate",
+        "/generate_stream",
+        "/completion",
+        "/api/generate",
+        "/api/chat",
+        "/invocations",
+    ]
+    .map(String::from)
+    .to_vec()
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct CaptureConfig {
+    pub bytes: u32,
+    pub wakeup_bytes: u64,
+    pub ring_buffer_bytes: u32,
+    #[serde(with = "humantime_serde")]
+    pub poll_interval: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StitchSection {
+    #[serde(with = "humantime_serde")]
+    pub idle_timeout: Duration,
+    pub max_connections: usize,
+    pub max_buffered_bytes: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiscoveryConfig {
+    pub demote_after_requests: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            capture: CaptureConfig::default(),
+            endpoints: default_endpoints(),
+            stitch: StitchSection::default(),
+            discovery: DiscoveryConfig::default(),
+        }
+    }
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        Self {
+            bytes: 8192,
+            wakeup_bytes: 256 * 1024,
+            ring_buffer_bytes: 16 << 20,
+            poll_interval: Duration::from_millis(10),
+        }
+    }
+}
+
+impl Default for StitchSection {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(300),
+            max_connections: 65536,
+            max_buffered_bytes: 1 << 20,
+        }
+    }
+}
+
+impl Default for DiscoveryConfig {
+    fn default() -> Self {
+        Self {
+            demote_after_requests: 32,
+        }
+    }
+}
+
+impl Config {
+    /// The embedded default, or `path` parsed on its own (keys it omits keep
+    /// their built-in defaults).
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        let (text, origin) = match path {
+            Some(path) => (
+                std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.display().to_string(),
+                    source,
+                })?,
+                path.display().to_string(),
+            ),
+            None => (DEFAULT_CONFIG.to_string(), "(embedded default)".to_string()),
+        };
+        let config: Config =
+            serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { origin, source })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let max = crate::probes::MAX_CAPTURE_BYTES;
+        if self.capture.bytes == 0 || self.capture.bytes > max {
+            return Err(ConfigError::Invalid(format!(
+                "capture.bytes (--capture-bytes) must be between 1 and {max}, got {}",
+                self.capture.bytes
+            )));
+        }
+        let ring = self.capture.ring_buffer_bytes;
+        if !ring.is_power_of_two() || ring < 4096 {
+            return Err(ConfigError::Invalid(format!(
+                "capture.ring_buffer_bytes must be a power of two of at least 4096, got {ring}"
+            )));
+        }
+        if self.capture.poll_interval.is_zero() {
+            return Err(ConfigError::Invalid(
+                "capture.poll_interval must be above zero".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn embedded_default_parses_and_is_valid() {
+        let config = Config::load(None).expect("embedded default config");
+        assert_eq!(
+            config,
+            Config::default(),
+            "embedded YAML and built-in defaults diverged"
+        );
+        assert_eq!(config.capture.bytes, 8192);
+        assert!(config.endpoints.iter().any(|e| e == "/v1/chat/completions"));
+        assert_eq!(config.capture.poll_interval, Duration::from_millis(10));
+    }
+
+    #[test]
+    fn partial_file_keeps_other_defaults_and_bad_values_are_named() {
+        let partial: Config =
+            serde_yaml::from_str("capture:\n  bytes: 512\n").expect("partial config");
+        assert_eq!(partial.capture.bytes, 512);
+        assert_eq!(partial.stitch.max_connections, 65536);
+
+        let too_big: Config = serde_yaml::from_str("capture:\n  bytes: 999999\n").expect("parses");
+        let err = too_big
+            .validate()
+            .expect_err("cap above the kernel maximum");
+        assert!(err.to_string().contains("--capture-bytes"), "{err}");
+
+        let unknown = serde_yaml::from_str::<Config>("captur:\n  bytes: 1\n");
+        assert!(
+            unknown.is_err(),
+            "a misspelt key must be an error, not ignored"
+        );
+    }
+}

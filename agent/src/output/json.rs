@@ -1,0 +1,100 @@
+//! `--output json`: one object per finished request.
+//!
+//! Field names are a public interface (users' scripts read them): add
+//! fields, never rename them. Payload text is never included.
+
+use serde::Serialize;
+
+use super::{ms, percentile};
+use crate::stitch::{AbortReason, BodyKind, RequestTimeline, Usage};
+
+#[derive(Debug, Serialize)]
+pub struct JsonTimeline<'a> {
+    pub pid: u32,
+    pub comm: &'a str,
+    pub method: &'a str,
+    pub path: &'a str,
+    pub status: Option<u16>,
+    pub stream: bool,
+    pub body: Option<BodyKind>,
+    pub ttft_ms: Option<f64>,
+    pub e2e_ms: f64,
+    /// Time from request start until the request was fully read.
+    pub request_read_ms: f64,
+    pub chunks: usize,
+    pub chunk_offsets_ms: Vec<f64>,
+    pub itl_ms: Vec<f64>,
+    pub itl_p50_ms: Option<f64>,
+    pub itl_p95_ms: Option<f64>,
+    pub itl_max_ms: Option<f64>,
+    /// (E2E − TTFT) / (chunks − 1), when there are at least two chunks.
+    pub tpot_ms: Option<f64>,
+    pub aborted: bool,
+    pub abort_reason: Option<AbortReason>,
+    pub response_id: Option<&'a str>,
+    pub model: Option<&'a str>,
+    pub usage: Option<Usage>,
+    pub done: bool,
+    /// Kernel CLOCK_MONOTONIC of the request's first byte.
+    pub request_start_ns: u64,
+    pub local_addr: Option<String>,
+    pub peer_addr: Option<String>,
+    pub fd: i32,
+    pub request_bytes: u64,
+    pub response_bytes: u64,
+    pub truncated_writes: u32,
+    pub tls: bool,
+}
+
+impl<'a> JsonTimeline<'a> {
+    pub fn new(t: &'a RequestTimeline) -> Self {
+        let itl = t.itl_ns();
+        let mut sorted = itl.clone();
+        sorted.sort_unstable();
+        let ttft = t.ttft_ns();
+        let e2e = t.e2e_ns();
+        let chunks = t.chunk_ts.len();
+        let tpot = match (ttft, chunks) {
+            (Some(ttft), n) if n >= 2 => Some(ms(e2e.saturating_sub(ttft) / (n as u64 - 1))),
+            _ => None,
+        };
+        Self {
+            pid: t.conn.pid,
+            comm: &t.comm,
+            method: &t.method,
+            path: &t.path,
+            status: t.status,
+            stream: t.is_stream(),
+            body: t.body_kind,
+            ttft_ms: ttft.map(ms),
+            e2e_ms: ms(e2e),
+            request_read_ms: ms(t.request_end.saturating_sub(t.request_start)),
+            chunks,
+            chunk_offsets_ms: t.chunk_offsets_ns().into_iter().map(ms).collect(),
+            itl_ms: itl.into_iter().map(ms).collect(),
+            itl_p50_ms: percentile(&sorted, 50.0).map(ms),
+            itl_p95_ms: percentile(&sorted, 95.0).map(ms),
+            itl_max_ms: sorted.last().copied().map(ms),
+            tpot_ms: tpot,
+            aborted: t.aborted,
+            abort_reason: t.abort_reason,
+            response_id: t.response_id.as_deref(),
+            model: t.model.as_deref(),
+            usage: t.usage,
+            done: t.done_seen,
+            request_start_ns: t.request_start,
+            local_addr: t.addrs.map(|a| a.local.to_string()),
+            peer_addr: t.addrs.map(|a| a.remote.to_string()),
+            fd: t.conn.fd,
+            request_bytes: t.request_bytes,
+            response_bytes: t.response_bytes,
+            truncated_writes: t.truncated_writes,
+            tls: false,
+        }
+    }
+
+    pub fn to_line(&self) -> String {
+        // Serialising plain fields of owned/borrowed data cannot fail.
+        serde_json::to_string(self).unwrap_or_else(|err| format!("{{\"error\":\"{err}\"}}"))
+    }
+}

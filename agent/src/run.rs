@@ -1,0 +1,268 @@
+//! `tokentrace run`: wires discovery, probes, ingest, stitching and output
+//! together, and ends on --requests, --duration, Ctrl-C or SIGTERM.
+
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use regex::Regex;
+use tokio::sync::mpsc;
+
+use crate::cli::RunArgs;
+use crate::config::Config;
+use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
+use crate::event::{Event, MonoNs};
+use crate::ingest::Ingest;
+use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
+use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings, TracedPids};
+use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
+
+const PROC: &str = "/proc";
+/// How often idle connections are swept.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Batches of events buffered between the ingest thread and stitching.
+const EVENT_CHANNEL_BATCHES: usize = 1024;
+
+/// The kernel's CLOCK_MONOTONIC, the clock of every event timestamp.
+pub fn monotonic_now() -> MonoNs {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn selector(args: &RunArgs) -> Result<Selector> {
+    let regex = |flag: &str, pattern: &Option<String>| -> Result<Option<Regex>> {
+        pattern
+            .as_deref()
+            .map(|p| {
+                Regex::new(p)
+                    .with_context(|| format!("{flag} {p:?} is not a valid regular expression"))
+            })
+            .transpose()
+    };
+    Ok(Selector {
+        pids: args.pid.clone(),
+        ports: args.port.clone(),
+        exe: regex("--exe", &args.exe)?,
+        comm: regex("--comm", &args.comm)?,
+    })
+}
+
+fn require_privileges() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "tokentrace needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) \
+             to load eBPF programs: run it with sudo; `tokentrace check` lists what is missing"
+        );
+    }
+    Ok(())
+}
+
+/// Writes timelines in the chosen format; a closed stdout ends the run.
+struct Printer {
+    format: OutputFormat,
+    out: io::Stdout,
+}
+
+impl Printer {
+    fn print(&mut self, timeline: &RequestTimeline) -> io::Result<()> {
+        let line = match self.format {
+            OutputFormat::Json => JsonTimeline::new(timeline).to_line(),
+            OutputFormat::Text => text_line(timeline),
+        };
+        let mut out = self.out.lock();
+        writeln!(out, "{line}")?;
+        out.flush()
+    }
+}
+
+fn apply(change: Change, pids: &TracedPids) {
+    match change {
+        Change::Trace(pid) => match pids.insert(pid) {
+            Ok(()) => tracing::info!("tracing pid {pid}"),
+            Err(err) => tracing::warn!("{err:#}"),
+        },
+        Change::Untrace(pid) => pids.remove(pid),
+    }
+}
+
+/// Stitching and reporting, fed by the run loop.
+struct Pipeline<'a> {
+    tracker: Tracker,
+    stitcher: Stitcher,
+    printer: Printer,
+    summary: RunSummary,
+    pids: &'a TracedPids,
+    request_limit: Option<u64>,
+    finished: Vec<RequestTimeline>,
+}
+
+impl Pipeline<'_> {
+    fn on_batch(&mut self, batch: &[Event]) -> Option<Stop> {
+        self.summary.events += batch.len() as u64;
+        for event in batch {
+            if let Some(change) = self.tracker.on_event(event, Path::new(PROC)) {
+                apply(change, self.pids);
+            }
+            self.stitcher.push(event, &mut self.finished);
+        }
+        self.report()
+    }
+
+    /// Prints finished timelines the tracker wants reported.
+    fn report(&mut self) -> Option<Stop> {
+        for timeline in std::mem::take(&mut self.finished) {
+            let (report, change) = self.tracker.review(&timeline);
+            if let Some(change) = change {
+                apply(change, self.pids);
+                if let Change::Untrace(pid) = change {
+                    self.stitcher.forget_process(pid);
+                }
+            }
+            if !report {
+                continue;
+            }
+            self.summary.record(&timeline);
+            if self.printer.print(&timeline).is_err() {
+                return Some(Stop::OutputClosed);
+            }
+            if self
+                .request_limit
+                .is_some_and(|n| self.summary.requests() >= n)
+            {
+                return Some(Stop::RequestLimit);
+            }
+        }
+        None
+    }
+}
+
+/// Why the run ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    RequestLimit,
+    Duration,
+    Signal,
+    OutputClosed,
+    IngestEnded,
+}
+
+pub async fn run(args: RunArgs) -> Result<RunSummary> {
+    require_privileges()?;
+    let mut config = Config::load(args.config.as_deref())?;
+    if let Some(bytes) = args.capture_bytes {
+        config.capture.bytes = bytes;
+    }
+    config.validate()?;
+    ensure_tracefs()?;
+    route_libbpf_logs();
+
+    let agent_pid = std::process::id();
+    let mut tracker = Tracker::new(
+        selector(&args)?,
+        EndpointMatcher::new(&config.endpoints),
+        agent_pid,
+        config.discovery.demote_after_requests,
+    );
+    let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
+    let mut ingest = Ingest::start(
+        ProbeSettings {
+            capture_bytes: config.capture.bytes,
+            wakeup_bytes: config.capture.wakeup_bytes,
+            ring_buffer_bytes: config.capture.ring_buffer_bytes,
+            agent_pid,
+        },
+        config.capture.poll_interval,
+        events_tx,
+    )?;
+    let initial = tracker.initial_scan(Path::new(PROC))?;
+    for &pid in &initial {
+        ingest.traced_pids.insert(pid)?;
+    }
+    if tracker.is_automatic() {
+        eprintln!(
+            "tokentrace: automatic mode: watching {} listening process(es) for requests to {}",
+            initial.len(),
+            config.endpoints.join(", ")
+        );
+    } else {
+        eprintln!("tokentrace: tracing pid(s) {initial:?} and matching processes that start later");
+    }
+    eprintln!("tokentrace: ready");
+
+    let mut pipeline = Pipeline {
+        tracker,
+        stitcher: Stitcher::new(StitchConfig {
+            max_buffered_bytes: config.stitch.max_buffered_bytes,
+            max_connections: config.stitch.max_connections,
+        }),
+        printer: Printer {
+            format: args.output,
+            out: io::stdout(),
+        },
+        summary: RunSummary::default(),
+        pids: &ingest.traced_pids,
+        request_limit: args.requests,
+        finished: Vec::new(),
+    };
+    let idle_ns = u64::try_from(config.stitch.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
+    let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
+    let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+
+    let stop = loop {
+        let until_deadline = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let stop = tokio::select! {
+            batch = events_rx.recv() => match batch {
+                Some(batch) => pipeline.on_batch(&batch),
+                None => Some(Stop::IngestEnded),
+            },
+            _ = sweep.tick() => {
+                pipeline.stitcher.expire_idle(monotonic_now(), idle_ns, &mut pipeline.finished);
+                pipeline.report()
+            }
+            _ = until_deadline => Some(Stop::Duration),
+            _ = tokio::signal::ctrl_c() => Some(Stop::Signal),
+            _ = terminate.recv() => Some(Stop::Signal),
+        };
+        if let Some(stop) = stop {
+            break stop;
+        }
+    };
+
+    if matches!(stop, Stop::Duration | Stop::Signal) {
+        // Requests still in flight are reported, marked as cut by the agent.
+        pipeline
+            .stitcher
+            .finish(monotonic_now(), &mut pipeline.finished);
+        pipeline.report();
+    }
+    let Pipeline {
+        stitcher,
+        mut summary,
+        ..
+    } = pipeline;
+    ingest.stop();
+    let losses = ingest.kernel_counters.read().unwrap_or_default();
+    summary.kernel_drops = losses.ringbuf_drops + losses.scratch_misses;
+    summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
+    summary.decode_errors = ingest.stats.decode_errors.load(Ordering::Relaxed);
+    summary.stitch = stitcher.stats().clone();
+    if stop == Stop::IngestEnded {
+        bail!("the ingest thread stopped unexpectedly (see the log above)");
+    }
+    Ok(summary)
+}
