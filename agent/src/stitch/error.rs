@@ -52,6 +52,8 @@ pub enum StitchError {
         side: Side,
         source: ChunkedError,
     },
+    #[error("more than {limit} HTTP requests in flight on {conn}")]
+    TooManyInFlight { conn: ConnId, limit: usize },
     #[error("HTTP response on {conn} with no request pending")]
     UnexpectedResponse { conn: ConnId },
 }

@@ -113,6 +113,10 @@ impl Exchanges {
         self.queue.is_empty()
     }
 
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
     /// Removes every queued exchange, oldest first.
     pub(crate) fn drain(&mut self) -> impl Iterator<Item = Exchange> + '_ {
         self.queue.drain(..)

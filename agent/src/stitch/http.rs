@@ -239,8 +239,7 @@ fn header(headers: &[httparse::Header<'_>], name: &str) -> Option<String> {
 fn transfer_encoding_chunked(headers: &[httparse::Header<'_>]) -> Option<bool> {
     let last = headers
         .iter()
-        .filter(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))
-        .last()?;
+        .rfind(|h| h.name.eq_ignore_ascii_case("transfer-encoding"))?;
     let codings = String::from_utf8_lossy(last.value);
     let final_coding = codings.rsplit(',').next().unwrap_or_default().trim();
     Some(final_coding.eq_ignore_ascii_case("chunked"))

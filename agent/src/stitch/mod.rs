@@ -46,8 +46,9 @@ use table::Connections;
 #[derive(Debug, Clone)]
 pub struct StitchConfig {
     /// Most bytes kept per connection and direction: a head being collected,
-    /// a body prefix kept for its JSON fields, one SSE line or event. A head
-    /// that needs more is a parse error.
+    /// or a body prefix kept for its JSON fields, or the current SSE line
+    /// and event data. A head that needs more is a parse error; a body or
+    /// event past it is still counted, its fields read from what was kept.
     pub max_buffered_bytes: usize,
     /// Most connections tracked; beyond it the least recently active one is
     /// evicted.

@@ -36,6 +36,11 @@ enum Framing {
     Chunked(ChunkedDecoder),
 }
 
+/// Most requests queued on one connection without a complete response.
+/// Real clients pipeline a handful at most; the bound keeps a flood of
+/// tiny requests in one read from growing the queue without limit.
+pub(crate) const MAX_IN_FLIGHT: usize = 256;
+
 const NEW_HEAD: State = State::Head {
     buf: Vec::new(),
     start: None,
@@ -115,6 +120,12 @@ impl RequestReader {
                 let Some(head) = head else {
                     return Ok(());
                 };
+                if exchanges.len() >= MAX_IN_FLIGHT {
+                    return Err(StitchError::TooManyInFlight {
+                        conn,
+                        limit: MAX_IN_FLIGHT,
+                    });
+                }
                 let body = head.body;
                 let seq = exchanges.open(conn, head, start, ts);
                 self.state = match body {

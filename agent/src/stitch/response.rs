@@ -182,26 +182,31 @@ impl ResponseReader {
     ) -> Result<WriteOutcome, StitchError> {
         match &mut self.state {
             State::Head { buf, start } => {
+                if let Bytes::Known(bytes) = piece {
+                    if buf.is_empty() {
+                        let blank = bytes
+                            .iter()
+                            .take_while(|c| matches!(c, b'\r' | b'\n'))
+                            .count();
+                        *bytes = &bytes[blank..];
+                        if bytes.is_empty() {
+                            return Ok(WriteOutcome::Http);
+                        }
+                    }
+                }
+                let Some(front) = exchanges.front_mut() else {
+                    return Err(StitchError::UnexpectedResponse { conn });
+                };
+                // The response has begun, even if what follows cannot be
+                // parsed: a failure from here on aborts this exchange.
+                let start = *start.get_or_insert(ts);
+                front.timeline.response_start = Some(start);
                 let Bytes::Known(bytes) = piece else {
                     return Err(StitchError::HeadNotCaptured {
                         conn,
                         side: Side::Response,
                     });
                 };
-                if buf.is_empty() {
-                    let blank = bytes
-                        .iter()
-                        .take_while(|c| matches!(c, b'\r' | b'\n'))
-                        .count();
-                    *bytes = &bytes[blank..];
-                    if bytes.is_empty() {
-                        return Ok(WriteOutcome::Http);
-                    }
-                }
-                let Some(front) = exchanges.front_mut() else {
-                    return Err(StitchError::UnexpectedResponse { conn });
-                };
-                let start = *start.get_or_insert(ts);
                 let head_request = front.timeline.method.eq_ignore_ascii_case("HEAD");
                 let before = bytes.len();
                 let parsed = http::collect_head(buf, bytes, self.cap, |b| {
@@ -215,12 +220,12 @@ impl ResponseReader {
                 };
                 if head.is_interim() {
                     // 100 Continue and friends: the real response follows.
+                    front.timeline.response_start = None;
                     self.state = NEW_HEAD;
                     return Ok(WriteOutcome::Http);
                 }
                 let tl = &mut front.timeline;
                 tl.status = Some(head.status);
-                tl.response_start = Some(start);
                 let kind = match head.body {
                     ResponseBody::Empty => BodyKind::Empty,
                     _ if head.is_sse() => BodyKind::Sse,

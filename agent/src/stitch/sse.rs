@@ -52,7 +52,7 @@ pub(crate) struct SseScanner {
     data_cut: bool,
     /// `data` holds the event returned last; cleared on the next call.
     dispatched: bool,
-    /// Most bytes kept of one line and of one event's data.
+    /// Most bytes kept of the current line and event data together.
     cap: usize,
 }
 
@@ -135,8 +135,9 @@ impl SseScanner {
         }
     }
 
+    /// The line and the event's data share one budget of `cap` bytes.
     fn extend_line(&mut self, segment: &[u8]) {
-        let room = self.cap.saturating_sub(self.line.len());
+        let room = self.cap.saturating_sub(self.line.len() + self.data.len());
         if segment.len() > room {
             self.line_cut = true;
         }
