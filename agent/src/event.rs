@@ -13,7 +13,9 @@ pub type MonoNs = u64;
 /// Identity of one TCP connection inside one process.
 ///
 /// The fd alone is reused after close; the socket inode tells a new
-/// connection on a reused fd apart from the old one.
+/// connection on a reused fd apart from the old one. A TLS connection seen
+/// through OpenSSL has no fd of its own ([`ConnId::TLS_FD`]) and is keyed by
+/// its `SSL*` in `sock_ino`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId {
     pub pid: u32,
@@ -21,9 +23,23 @@ pub struct ConnId {
     pub sock_ino: u64,
 }
 
+impl ConnId {
+    /// The fd of connections keyed by their `SSL*`.
+    pub const TLS_FD: i32 = -1;
+
+    /// A plaintext stream read and written through OpenSSL.
+    pub fn is_tls(&self) -> bool {
+        self.fd == Self::TLS_FD
+    }
+}
+
 impl fmt::Display for ConnId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} fd {} sock {}", self.pid, self.fd, self.sock_ino)
+        if self.is_tls() {
+            write!(f, "pid {} SSL* {:#x}", self.pid, self.sock_ino)
+        } else {
+            write!(f, "pid {} fd {} sock {}", self.pid, self.fd, self.sock_ino)
+        }
     }
 }
 
@@ -48,6 +64,17 @@ pub enum IoCall {
     Sendto,
     Sendmsg,
     Sendfile,
+    /// OpenSSL `SSL_read` / `SSL_read_ex` (plaintext of a TLS connection).
+    SslRead,
+    /// OpenSSL `SSL_write` / `SSL_write_ex`.
+    SslWrite,
+}
+
+impl IoCall {
+    /// Plaintext seen inside OpenSSL rather than on a socket.
+    pub fn is_tls(self) -> bool {
+        matches!(self, IoCall::SslRead | IoCall::SslWrite)
+    }
 }
 
 /// Local and remote endpoint of a TCP socket.
@@ -134,6 +161,13 @@ pub struct ProcEvent {
     pub exit_code: i32,
 }
 
+/// A traced process mapped a file executable: a library was loaded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryMapped {
+    pub pid: u32,
+    pub ts: MonoNs,
+}
+
 /// A process started listening on a TCP port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenEvent {
@@ -152,6 +186,7 @@ pub enum Event {
     Exec(ProcEvent),
     Exit(ProcEvent),
     Listen(ListenEvent),
+    LibraryMapped(LibraryMapped),
 }
 
 impl Event {
@@ -167,6 +202,7 @@ impl Event {
             Event::Accept(c) | Event::Close(c) => c.ts,
             Event::Exec(p) | Event::Exit(p) => p.ts,
             Event::Listen(l) => l.ts,
+            Event::LibraryMapped(m) => m.ts,
         }
     }
 }

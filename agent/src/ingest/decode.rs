@@ -10,7 +10,8 @@ use tokentrace_probes::sock::types::{
 };
 
 use crate::event::{
-    ConnEvent, ConnId, DataEvent, Direction, Event, IoCall, ListenEvent, ProcEvent, SockAddrs,
+    ConnEvent, ConnId, DataEvent, Direction, Event, IoCall, LibraryMapped, ListenEvent, ProcEvent,
+    SockAddrs,
 };
 
 /// Why a record could not be decoded. Each one is counted, never fatal.
@@ -84,6 +85,8 @@ fn io_call(raw: u8) -> Result<IoCall, DecodeError> {
         tt_io_call::TT_IO_SENDTO => IoCall::Sendto,
         tt_io_call::TT_IO_SENDMSG => IoCall::Sendmsg,
         tt_io_call::TT_IO_SENDFILE => IoCall::Sendfile,
+        tt_io_call::TT_IO_SSL_READ | tt_io_call::TT_IO_SSL_READ_EX => IoCall::SslRead,
+        tt_io_call::TT_IO_SSL_WRITE | tt_io_call::TT_IO_SSL_WRITE_EX => IoCall::SslWrite,
         other => {
             return Err(DecodeError::UnknownValue {
                 what: "syscall",
@@ -132,6 +135,13 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
             } else {
                 Event::Exit(event)
             })
+        }
+        tt_event_kind::TT_EVENT_LIB_MAPPED => {
+            let raw: tt_proc_event = read(record, "process record")?;
+            Ok(Event::LibraryMapped(LibraryMapped {
+                pid: raw.hdr.tgid,
+                ts: raw.hdr.ts_ns,
+            }))
         }
         tt_event_kind::TT_EVENT_LISTEN => {
             let raw: tt_listen_event = read(record, "listen record")?;

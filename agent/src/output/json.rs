@@ -89,7 +89,7 @@ impl<'a> JsonTimeline<'a> {
             request_bytes: t.request_bytes,
             response_bytes: t.response_bytes,
             truncated_writes: t.truncated_writes,
-            tls: false,
+            tls: t.tls,
         }
     }
 

@@ -61,10 +61,12 @@ impl fmt::Display for RunSummary {
         )?;
         write!(
             f,
-            "  stitching: {} parse errors, {} truncated writes, {} client connections ignored, {} connections evicted",
+            "  stitching: {} parse errors, {} truncated writes, {} client connections ignored, \
+             {} TLS ciphertext connections ignored, {} connections evicted",
             self.stitch.parse_errors,
             self.stitch.truncated_writes,
             self.stitch.client_connections,
+            self.stitch.ciphertext_connections,
             self.stitch.evicted_connections
         )
     }

@@ -26,6 +26,10 @@ enum Role {
     /// It switched protocols (`101`): no longer HTTP/1.1. Ignored until
     /// close.
     Upgraded,
+    /// TLS records on the socket: the plaintext comes from the OpenSSL
+    /// probes as its own connection. Ignored until close, so it is neither
+    /// parsed nor reported twice.
+    Ciphertext,
 }
 
 #[derive(Debug, Clone)]
@@ -88,13 +92,16 @@ impl Connection {
             return;
         }
         if self.role == Role::Undecided {
-            self.role =
-                if ev.direction == Direction::Egress && http::begins_with_request_line(io.known) {
-                    sink.client_connection();
-                    Role::Client
-                } else {
-                    Role::Server
-                };
+            self.role = if http::begins_with_tls_record(io.known) {
+                sink.ciphertext_connection();
+                Role::Ciphertext
+            } else if ev.direction == Direction::Egress && http::begins_with_request_line(io.known)
+            {
+                sink.client_connection();
+                Role::Client
+            } else {
+                Role::Server
+            };
         }
         if self.role != Role::Server {
             return;
@@ -151,6 +158,7 @@ impl Connection {
     fn emit(&self, mut timeline: RequestTimeline, sink: &mut Sink<'_>) {
         timeline.comm.clone_from(&self.comm);
         timeline.addrs = self.addrs;
+        timeline.tls = self.id.is_tls();
         sink.emit(timeline);
     }
 }

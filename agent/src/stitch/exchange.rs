@@ -86,6 +86,7 @@ impl Exchanges {
                 response_id: None,
                 usage: None,
                 truncated_writes: 0,
+                tls: false,
             },
         });
         seq

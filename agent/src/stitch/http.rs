@@ -152,6 +152,14 @@ pub(crate) fn begins_with_request_line(bytes: &[u8]) -> bool {
     req.version.is_some()
 }
 
+/// True when `bytes` begins with a TLS record header (handshake, alert,
+/// change-cipher-spec or application data; versions SSL 3.0 to TLS 1.3's
+/// legacy 3.3): the ciphertext of a connection whose plaintext, if any, is
+/// seen through the OpenSSL probes. No HTTP/1.1 message starts this way.
+pub(crate) fn begins_with_tls_record(bytes: &[u8]) -> bool {
+    matches!(bytes, [0x14..=0x17, 0x03, 0x00..=0x04, ..])
+}
+
 /// True when `bytes` begins with a valid status line prefix
 /// (`HTTP/1.x NNN`): where response parsing may restart after garbage.
 pub(crate) fn begins_with_status_line(bytes: &[u8]) -> bool {

@@ -76,6 +76,9 @@ pub struct StitchStats {
     pub truncated_writes: u64,
     /// Connections on which the traced process was the client; ignored.
     pub client_connections: u64,
+    /// Sockets carrying TLS records; ignored (their plaintext, when the
+    /// OpenSSL probes see it, is a connection of its own).
+    pub ciphertext_connections: u64,
     /// Connections dropped to stay under `max_connections`.
     pub evicted_connections: u64,
 }
@@ -104,9 +107,10 @@ impl Stitcher {
             Event::Accept(ev) => self.connections.on_accept(ev, sink),
             Event::Close(ev) => self.connections.on_close(ev, sink),
             Event::Exit(ev) => self.connections.on_exit(ev.pid, ev.ts, sink),
-            // Neither changes a connection: exec keeps sockets open (unless
-            // CLOEXEC, which brings close events), listen is not data.
-            Event::Exec(_) | Event::Listen(_) => {}
+            // None changes a connection: exec keeps sockets open (unless
+            // CLOEXEC, which brings close events), listen and library loads
+            // are not data.
+            Event::Exec(_) | Event::Listen(_) | Event::LibraryMapped(_) => {}
         }
     }
 

@@ -37,6 +37,10 @@ impl<'a> Sink<'a> {
         self.stats.client_connections += 1;
     }
 
+    pub(crate) fn ciphertext_connection(&mut self) {
+        self.stats.ciphertext_connections += 1;
+    }
+
     pub(crate) fn truncated_write(&mut self) {
         self.stats.truncated_writes += 1;
     }

@@ -55,9 +55,15 @@ impl Connections {
         }
     }
 
-    /// The fd was closed: whatever it held, under any inode, is done.
+    /// The fd was closed: whatever it held, under any inode, is done. For
+    /// a TLS connection (SSL_free) only that `SSL*` is.
     pub(crate) fn on_close(&mut self, ev: &ConnEvent, sink: &mut Sink<'_>) {
-        for id in self.ids(fd_range(ev.conn.pid, ev.conn.fd)) {
+        let ids = if ev.conn.is_tls() {
+            vec![ev.conn]
+        } else {
+            self.ids(fd_range(ev.conn.pid, ev.conn.fd))
+        };
+        for id in ids {
             if let Some(conn) = self.remove(id) {
                 conn.close(ev.ts, sink);
             }
@@ -103,7 +109,11 @@ impl Connections {
     /// A new socket on a (pid, fd) we track under another inode: the old
     /// one was closed without us seeing it. It is closed at its last event,
     /// the latest time it is known to have been open.
+    /// TLS connections have no fd: a reused `SSL*` is preceded by SSL_free.
     fn retire_reused_fd(&mut self, id: ConnId, sink: &mut Sink<'_>) {
+        if id.is_tls() {
+            return;
+        }
         for old in self.ids(fd_range(id.pid, id.fd)) {
             if old != id {
                 if let Some(conn) = self.remove(old) {

@@ -1017,8 +1017,10 @@ fn upgraded_connection_is_ignored_after_101() {
 #[test]
 fn garbage_request_bytes_then_valid_request() {
     let mut sim = Sim::new();
-    sim.read(100, b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03");
-    sim.read(150, b"more TLS-looking bytes \x00\x01");
+    // Binary junk (not a TLS record: those mark a ciphertext connection,
+    // see the TLS tests below).
+    sim.read(100, b"\x00\x01\x02binary junk\xff\xfe");
+    sim.read(150, b"more junk bytes \x00\x01");
     assert_eq!(sim.st.stats().parse_errors, 1, "one error per garbage run");
     sim.read(200, get_request("/ok"));
     sim.write(300, json_response(r#"{"id":"ok"}"#));
@@ -1406,4 +1408,99 @@ fn fuzz_mutated_http_never_panics_and_reports_each_request_once() {
     let stats = sim.st.stats();
     assert!(stats.requests_completed > 100, "{stats:?}");
     assert!(stats.parse_errors > 0, "{stats:?}");
+}
+
+// ---- TLS ----
+
+/// A plaintext connection seen through OpenSSL: fd -1, keyed by the SSL*.
+fn tls_conn(ssl: u64) -> ConnId {
+    conn_id(ConnId::TLS_FD, ssl)
+}
+
+fn sse_response(id: &str, tokens: usize) -> Vec<u8> {
+    let mut body = String::new();
+    for i in 0..tokens {
+        body.push_str(&token_event(id, &format!("t{i}")));
+    }
+    body.push_str("data: [DONE]\n\n");
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+#[test]
+fn tls_ciphertext_on_a_socket_is_ignored_not_parsed() {
+    let mut sim = Sim::new();
+    // A ClientHello, then application data records, both ways.
+    sim.read(10, [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc]);
+    sim.write(20, [0x16, 0x03, 0x03, 0x00, 0x7a, 0x02, 0x00]);
+    sim.read(30, [0x17, 0x03, 0x03, 0x00, 0x40, 0xde, 0xad]);
+    sim.write(40, [0x17, 0x03, 0x03, 0x01, 0x00, 0xbe, 0xef]);
+    sim.close(50);
+    assert!(
+        sim.take().is_empty(),
+        "ciphertext must not produce timelines"
+    );
+    assert_eq!(
+        sim.st.stats().parse_errors,
+        0,
+        "ciphertext is not a parse error"
+    );
+    assert_eq!(sim.st.stats().ciphertext_connections, 1);
+}
+
+#[test]
+fn tls_connections_are_keyed_by_ssl_pointer_and_closed_by_ssl_free() {
+    let mut sim = Sim::without_accept(StitchConfig::default());
+    let (a, b) = (tls_conn(0x5555_0000_1000), tls_conn(0x5555_0000_2000));
+    // Two concurrent TLS streams in one process: neither retires the other.
+    sim.read_on(a, 10, chat_request("m", true));
+    sim.read_on(b, 11, chat_request("m", true));
+    sim.data_on(
+        a,
+        Direction::Egress,
+        20,
+        &sse_response("a", 2),
+        sse_response("a", 2).len(),
+    );
+    sim.data_on(
+        b,
+        Direction::Egress,
+        21,
+        &sse_response("b", 3),
+        sse_response("b", 3).len(),
+    );
+    let mut out = sim.take();
+    out.sort_by_key(|t| t.conn.sock_ino);
+    assert_eq!(out.len(), 2, "{out:#?}");
+    assert!(out.iter().all(|t| t.tls && !t.aborted));
+    assert_eq!(out[0].response_id.as_deref(), Some("a"));
+    assert_eq!(out[0].chunk_ts.len(), 2);
+    assert_eq!(out[1].response_id.as_deref(), Some("b"));
+    assert_eq!(out[1].chunk_ts.len(), 3);
+
+    // SSL_free of `a` mid-request aborts only `a`'s request.
+    sim.read_on(a, 30, chat_request("m", true));
+    sim.read_on(b, 31, chat_request("m", true));
+    sim.push(Event::Close(ConnEvent {
+        conn: a,
+        tid: PID,
+        comm: COMM.to_owned(),
+        ts: 40,
+        addrs: None,
+    }));
+    let aborted = sim.one();
+    assert_eq!(aborted.conn, a);
+    assert_eq!(aborted.abort_reason, Some(AbortReason::ConnectionClosed));
+    sim.data_on(
+        b,
+        Direction::Egress,
+        50,
+        &sse_response("b2", 1),
+        sse_response("b2", 1).len(),
+    );
+    let done = sim.one();
+    assert_eq!((done.conn, done.aborted), (b, false));
 }

@@ -90,6 +90,8 @@ pub struct RequestTimeline {
     /// Writes whose payload was cut by the capture cap; events inside the
     /// missing tail could not be counted.
     pub truncated_writes: u32,
+    /// Seen as plaintext inside OpenSSL (SSL_read/SSL_write), not on a socket.
+    pub tls: bool,
 }
 
 impl RequestTimeline {

@@ -30,6 +30,9 @@ enum tt_event_kind {
 	TT_EVENT_EXEC = 4,
 	TT_EVENT_EXIT = 5,
 	TT_EVENT_LISTEN = 6,
+	/* A traced process mapped a file executable (a library was loaded):
+	 * the agent re-reads its maps to find libssl. Uses tt_proc_event. */
+	TT_EVENT_LIB_MAPPED = 7,
 };
 
 enum tt_direction {
@@ -48,6 +51,15 @@ enum tt_io_call {
 	TT_IO_SENDTO = 7,
 	TT_IO_SENDMSG = 8,
 	TT_IO_SENDFILE = 9,
+	/* OpenSSL calls: plaintext of a TLS connection. fd is -1 and sock_ino
+	 * is the SSL* (the connection identity); addrs are filled when the
+	 * SSL* was seen doing socket I/O on a thread (a socket BIO). */
+	TT_IO_SSL_READ = 10,
+	TT_IO_SSL_WRITE = 11,
+	TT_IO_SSL_READ_EX = 12,
+	TT_IO_SSL_WRITE_EX = 13,
+	/* Never in a record: marks SSL_do_handshake in flight. */
+	TT_IO_SSL_HANDSHAKE = 14,
 };
 
 /* TCP endpoint pair of a socket, in network byte order for addresses and
@@ -89,7 +101,8 @@ struct tt_data_event {
 };
 
 /* accept/accept4 returned a new TCP connection, or close() of a TCP socket
- * in a traced process. */
+ * in a traced process. SSL_free of a traced process's SSL* is a close with
+ * fd -1 and sock_ino = the SSL*. */
 struct tt_conn_event {
 	struct tt_event_header hdr;
 	__u64 sock_ino;

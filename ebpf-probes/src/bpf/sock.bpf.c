@@ -67,6 +67,39 @@ struct {
 	__type(value, struct io_args);
 } active_io SEC(".maps");
 
+/* An OpenSSL call in flight on a thread, from uprobe to uretprobe. While
+ * it is there, socket syscalls of that thread are the call's own
+ * ciphertext: they tie the SSL* to its fd and are not reported. */
+struct ssl_call {
+	__u64 ssl;
+	__u64 buf;
+	__u64 out_len; /* size_t * of the _ex variants, else 0 */
+	__u64 ts_enter;
+	__u8 call;
+	__u8 direction;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct ssl_call);
+} ssl_calls SEC(".maps");
+
+struct ssl_key {
+	__u32 tgid;
+	__u32 _pad;
+	__u64 ssl;
+};
+
+/* SSL* -> the socket fd its BIO was seen using. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct ssl_key);
+	__type(value, __s32);
+} ssl_fds SEC(".maps");
+
 /* Per-CPU staging area for one data record: the fixed fields, then the
  * payload. Copies are bounded for the verifier with masks (clang reorders
  * plain comparisons away from the helper call): offsets by MAX_CAPTURE - 1
@@ -260,6 +293,15 @@ static __always_inline int exit_io(long ret)
 	struct sock *sk = tcp_sock_of_fd(a.fd, &ino);
 	if (!sk)
 		return 0;
+
+	struct ssl_call *in_ssl = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
+	if (in_ssl) {
+		/* Ciphertext of an OpenSSL call on this thread: remember which
+		 * socket the SSL* uses; the plaintext is reported by the uprobe. */
+		struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = in_ssl->ssl };
+		bpf_map_update_elem(&ssl_fds, &key, &a.fd, BPF_ANY);
+		return 0;
+	}
 
 	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &zero_key);
 	if (!s) {
@@ -541,6 +583,172 @@ int on_exit(struct trace_event_raw_sched_process_template *ctx)
 	fill_header(&e->hdr, TT_EVENT_EXIT);
 	e->ppid = BPF_CORE_READ(task, real_parent, tgid);
 	e->exit_code = BPF_CORE_READ(task, exit_code);
+	e->filename[0] = 0;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+/* ---- OpenSSL uprobes ----------------------------------------------------
+ * Attached by the agent once per libssl file (or executable that exports
+ * the symbols), for every process: the pid filter runs first. */
+
+static __always_inline int ssl_enter(struct pt_regs *ctx, __u8 call, __u8 direction, bool ex)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
+		return 0;
+	struct ssl_call c = {
+		.ssl = PT_REGS_PARM1(ctx),
+		.buf = PT_REGS_PARM2(ctx),
+		.out_len = ex ? PT_REGS_PARM4(ctx) : 0,
+		.ts_enter = bpf_ktime_get_ns(),
+		.call = call,
+		.direction = direction,
+	};
+	bpf_map_update_elem(&ssl_calls, &pid_tgid, &c, BPF_ANY);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(ssl_read_enter)
+{
+	return ssl_enter(ctx, TT_IO_SSL_READ, TT_DIR_INGRESS, false);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(ssl_write_enter)
+{
+	return ssl_enter(ctx, TT_IO_SSL_WRITE, TT_DIR_EGRESS, false);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(ssl_read_ex_enter)
+{
+	return ssl_enter(ctx, TT_IO_SSL_READ_EX, TT_DIR_INGRESS, true);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(ssl_write_ex_enter)
+{
+	return ssl_enter(ctx, TT_IO_SSL_WRITE_EX, TT_DIR_EGRESS, true);
+}
+
+/* The handshake's socket I/O ties the SSL* to its fd before any data. */
+SEC("uprobe")
+int BPF_UPROBE(ssl_handshake_enter)
+{
+	return ssl_enter(ctx, TT_IO_SSL_HANDSHAKE, TT_DIR_INGRESS, false);
+}
+
+/* One return probe for every SSL call above. */
+SEC("uretprobe")
+int BPF_URETPROBE(ssl_exit, long ret)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct ssl_call *cp = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
+	__u32 cpu = bpf_get_smp_processor_id();
+	__u64 len = 0;
+
+	if (!cp)
+		return 0;
+	struct ssl_call c = *cp;
+	bpf_map_delete_elem(&ssl_calls, &pid_tgid);
+	if (c.call == TT_IO_SSL_HANDSHAKE)
+		return 0;
+	if (c.out_len) {
+		/* _ex: 1 on success, the byte count in *out_len. */
+		if (ret != 1 || bpf_probe_read_user(&len, sizeof(len), (void *)c.out_len))
+			return 0;
+	} else {
+		if (ret <= 0)
+			return 0;
+		len = ret;
+	}
+	if (len == 0)
+		return 0;
+
+	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &cpu);
+	if (!s) {
+		__sync_fetch_and_add(&scratch_misses, 1);
+		return 0;
+	}
+	struct tt_data_event *e = &s->ev;
+	fill_header(&e->hdr, TT_EVENT_DATA);
+	e->ts_enter_ns = c.ts_enter;
+	e->sock_ino = c.ssl;
+	e->fd = -1;
+	e->len = len > 0xffffffff ? 0xffffffff : len;
+	e->direction = c.direction;
+	e->call = c.call;
+	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
+	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
+	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
+	if (fd) {
+		__u64 ino = 0;
+		struct sock *sk = tcp_sock_of_fd(*fd, &ino);
+		if (sk)
+			fill_addrs(sk, &e->addrs);
+	}
+
+	__u32 limit = capture_bytes < e->len ? capture_bytes : e->len;
+	__u32 captured = copy_flat(s->payload, c.buf, limit);
+	if (captured > MAX_CAPTURE)
+		captured = MAX_CAPTURE;
+	captured = verifier_mask(captured, LEN_MASK);
+	e->captured = captured;
+	__u64 size = sizeof(struct tt_data_event) + captured;
+	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+	return 0;
+}
+
+/* The SSL* is gone: its connection is over (and the address may be
+ * reused by the next SSL_new). */
+SEC("uprobe")
+int BPF_UPROBE(ssl_free_enter)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
+		return 0;
+	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = PT_REGS_PARM1(ctx) };
+	bpf_map_delete_elem(&ssl_fds, &key);
+	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_CLOSE);
+	e->sock_ino = key.ssl;
+	e->fd = -1;
+	e->_pad = 0;
+	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
+
+/* ---- library loads --------------------------------------------------------
+ * A traced process mapping a file executable is loading a library (Python
+ * imports ssl lazily): the agent re-reads its maps and attaches to a new
+ * libssl before the first handshake. */
+#define PROT_EXEC 0x4
+
+SEC("tracepoint/syscalls/sys_enter_mmap")
+int enter_mmap(struct trace_event_raw_sys_enter *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!(ARG(2) & PROT_EXEC) || (long)ARG(4) < 0 || !is_traced(pid_tgid >> 32))
+		return 0;
+	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_LIB_MAPPED);
+	e->ppid = 0;
+	e->exit_code = 0;
 	e->filename[0] = 0;
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
