@@ -49,9 +49,21 @@ fn runs_for(path: &'static str, stream: bool) -> Vec<ClientRun> {
     vec![seq, conc]
 }
 
-const SSE: Expect = Expect { stream: true, status: 200, has_response_id: true };
-const CHUNKED_TEXT: Expect = Expect { stream: true, status: 200, has_response_id: false };
-const JSON: Expect = Expect { stream: false, status: 200, has_response_id: true };
+const SSE: Expect = Expect {
+    stream: true,
+    status: 200,
+    has_response_id: true,
+};
+const CHUNKED_TEXT: Expect = Expect {
+    stream: true,
+    status: 200,
+    has_response_id: false,
+};
+const JSON: Expect = Expect {
+    stream: false,
+    status: 200,
+    has_response_id: true,
+};
 
 #[test]
 fn root_fastapi_streaming_response_sse() {

@@ -36,12 +36,22 @@ pub fn require_root(test: &str) {
     );
 }
 
+/// CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns and of Python's
+/// time.monotonic_ns().
+pub fn mono_now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes into the timespec we own.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
+    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
 pub fn repo_root() -> PathBuf {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or(manifest)
+    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
 }
 
 pub fn python() -> String {
@@ -136,7 +146,11 @@ impl Drop for Proc {
                 "---- {} (pid {}, {}) stderr tail ----\n{}\n---- end {} ----",
                 self.name,
                 self.child.id(),
-                if was_running { "killed by the test guard" } else { "had exited" },
+                if was_running {
+                    "killed by the test guard"
+                } else {
+                    "had exited"
+                },
                 self.stderr.tail(60),
                 self.name
             );
@@ -220,14 +234,22 @@ pub fn start_server(kind: ServerKind, extra: &[&str]) -> Server {
             }
         }
     });
-    let mut proc = Proc { name: script.to_string(), child, stderr, exited: None };
+    let mut proc = Proc {
+        name: script.to_string(),
+        child,
+        stderr,
+        exited: None,
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         match rx.recv_timeout(left.max(Duration::from_millis(1))) {
             Ok(line) => {
                 if let Some(p) = line.strip_prefix("READY ") {
-                    let port: u16 = p.trim().parse().unwrap_or_else(|_| panic!("{script}: bad READY line {line:?}"));
+                    let port: u16 = p
+                        .trim()
+                        .parse()
+                        .unwrap_or_else(|_| panic!("{script}: bad READY line {line:?}"));
                     eprintln!("[test] {script} ready on port {port}, pid {}", proc.pid());
                     return Server { proc, port, kind };
                 }
@@ -241,7 +263,10 @@ pub fn start_server(kind: ServerKind, extra: &[&str]) -> Server {
                 );
             }
             Err(RecvTimeoutError::Timeout) => {
-                panic!("{script} printed no READY line within 30 s; stderr:\n{}", proc.stderr.tail(40));
+                panic!(
+                    "{script} printed no READY line within 30 s; stderr:\n{}",
+                    proc.stderr.tail(40)
+                );
             }
         }
     }
@@ -251,6 +276,9 @@ pub fn start_server(kind: ServerKind, extra: &[&str]) -> Server {
 #[derive(Debug, Clone)]
 pub struct AgentLine {
     pub at: Instant,
+    /// CLOCK_MONOTONIC ns when the test read the line (same clock as the
+    /// client's stamps and the agent's `request_start_ns`).
+    pub mono_ns: u64,
     pub v: Value,
 }
 
@@ -314,12 +342,13 @@ pub fn start_agent(args: &[String]) -> Agent {
             for line in BufReader::new(out).lines() {
                 let Ok(l) = line else { break };
                 let at = Instant::now();
+                let mono_ns = mono_now_ns();
                 if l.trim().is_empty() {
                     continue;
                 }
                 match serde_json::from_str::<Value>(&l) {
                     Ok(v) if v.is_object() => {
-                        if tx.send(AgentLine { at, v }).is_err() {
+                        if tx.send(AgentLine { at, mono_ns, v }).is_err() {
                             break;
                         }
                     }
@@ -328,7 +357,12 @@ pub fn start_agent(args: &[String]) -> Agent {
             }
         });
     }
-    let mut proc = Proc { name: "tokentrace".into(), child, stderr, exited: None };
+    let mut proc = Proc {
+        name: "tokentrace".into(),
+        child,
+        stderr,
+        exited: None,
+    };
     let deadline = t0 + Duration::from_secs(60);
     loop {
         match ready_rx.recv_timeout(Duration::from_millis(100)) {
@@ -350,8 +384,17 @@ pub fn start_agent(args: &[String]) -> Agent {
         }
     }
     let ready_after = t0.elapsed();
-    eprintln!("[test] agent ready after {:.2} s", ready_after.as_secs_f64());
-    Agent { proc, rx, lines: Vec::new(), non_json, ready_after }
+    eprintln!(
+        "[test] agent ready after {:.2} s",
+        ready_after.as_secs_f64()
+    );
+    Agent {
+        proc,
+        rx,
+        lines: Vec::new(),
+        non_json,
+        ready_after,
+    }
 }
 
 impl Agent {
@@ -370,7 +413,12 @@ impl Agent {
 
     /// Trace the processes listening on `port` (`--port`).
     pub fn for_port(port: u16) -> Vec<String> {
-        vec!["--port".into(), port.to_string(), "--duration".into(), "300s".into()]
+        vec![
+            "--port".into(),
+            port.to_string(),
+            "--duration".into(),
+            "300s".into(),
+        ]
     }
 
     fn drain(&mut self) {
@@ -381,11 +429,19 @@ impl Agent {
 
     /// Collects lines until every path in `paths` has been reported or the
     /// timeout passes. Returns the paths still missing.
-    pub fn wait_for_paths(&mut self, paths: &BTreeSet<String>, timeout: Duration) -> BTreeSet<String> {
+    pub fn wait_for_paths(
+        &mut self,
+        paths: &BTreeSet<String>,
+        timeout: Duration,
+    ) -> BTreeSet<String> {
         let deadline = Instant::now() + timeout;
         loop {
             self.drain();
-            let seen: BTreeSet<String> = self.lines.iter().filter_map(|l| str_field(&l.v, "path")).collect();
+            let seen: BTreeSet<String> = self
+                .lines
+                .iter()
+                .filter_map(|l| str_field(&l.v, "path"))
+                .collect();
             let missing: BTreeSet<String> = paths.difference(&seen).cloned().collect();
             if missing.is_empty() || Instant::now() >= deadline {
                 return missing;
@@ -394,7 +450,11 @@ impl Agent {
                 // stdout may still hold lines: give the reader a moment
                 thread::sleep(Duration::from_millis(200));
                 self.drain();
-                let seen: BTreeSet<String> = self.lines.iter().filter_map(|l| str_field(&l.v, "path")).collect();
+                let seen: BTreeSet<String> = self
+                    .lines
+                    .iter()
+                    .filter_map(|l| str_field(&l.v, "path"))
+                    .collect();
                 return paths.difference(&seen).cloned().collect();
             }
             if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
@@ -409,7 +469,10 @@ impl Agent {
         set.insert(path.to_string());
         let missing = self.wait_for_paths(&set, timeout);
         if missing.is_empty() {
-            self.lines.iter().find(|l| str_field(&l.v, "path").as_deref() == Some(path)).cloned()
+            self.lines
+                .iter()
+                .find(|l| str_field(&l.v, "path").as_deref() == Some(path))
+                .cloned()
         } else {
             None
         }
@@ -417,8 +480,17 @@ impl Agent {
 
     /// SIGINT, wait up to 15 s for exit, collect the remaining lines.
     pub fn stop(&mut self) -> Option<ExitStatus> {
+        let t0 = Instant::now();
+        let already = self.proc.try_exit();
         self.proc.signal(libc::SIGINT);
         let st = self.proc.wait_timeout(Duration::from_secs(15));
+        match already {
+            Some(s) => eprintln!("[test] agent had already exited ({s}) before SIGINT"),
+            None => eprintln!(
+                "[test] agent exited {:.2} s after SIGINT: {st:?}",
+                t0.elapsed().as_secs_f64()
+            ),
+        }
         // the stdout reader ends at EOF; collect what it still has
         let until = Instant::now() + Duration::from_secs(2);
         loop {
@@ -455,7 +527,9 @@ pub fn check_agent_exit(agent: &Agent, stop: Option<ExitStatus>, report: &mut Re
     }
     let nj = agent.non_json.lines();
     if !nj.is_empty() {
-        report.failures.push(format!("tokentrace printed non-JSON lines on stdout with --output json: {nj:?}"));
+        report.failures.push(format!(
+            "tokentrace printed non-JSON lines on stdout with --output json: {nj:?}"
+        ));
     }
 }
 
@@ -476,13 +550,18 @@ pub struct ClientRecord {
     pub aborted: bool,
     pub error: Option<String>,
     pub body_kind: Option<String>,
+    /// Concurrency of the client run this request belonged to.
+    pub concurrency: u32,
     pub raw: Value,
 }
 
 impl ClientRecord {
     fn from_value(v: Value) -> Self {
         let u64s = |k: &str| -> Vec<u64> {
-            v.get(k).and_then(Value::as_array).map(|a| a.iter().filter_map(Value::as_u64).collect()).unwrap_or_default()
+            v.get(k)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                .unwrap_or_default()
         };
         ClientRecord {
             path: str_field(&v, "path").unwrap_or_default(),
@@ -501,6 +580,7 @@ impl ClientRecord {
             aborted: v.get("aborted").and_then(Value::as_bool).unwrap_or(false),
             error: str_field(&v, "error"),
             body_kind: str_field(&v, "body_kind"),
+            concurrency: 1,
             raw: v,
         }
     }
@@ -548,7 +628,11 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
         .args(["--path", run.path])
         .args(["--requests", &run.requests.to_string()])
         .args(["--concurrency", &run.concurrency.to_string()])
-        .arg(if run.stream { "--stream" } else { "--no-stream" })
+        .arg(if run.stream {
+            "--stream"
+        } else {
+            "--no-stream"
+        })
         .args(["--tokens", &run.tokens.to_string()])
         .args(["--token-delay-ms", &run.token_delay_ms.to_string()])
         .args(["--ttft-ms", &run.ttft_ms.to_string()])
@@ -573,20 +657,32 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
         s
     });
     let stderr = pump_stderr("stream_client.py", &mut child);
-    let mut proc = Proc { name: "stream_client.py".into(), child, stderr, exited: None };
+    let mut proc = Proc {
+        name: "stream_client.py".into(),
+        child,
+        stderr,
+        exited: None,
+    };
     let st = proc.wait_timeout(Duration::from_secs(180));
     let Some(st) = st else {
         panic!("stream_client.py did not finish within 180 s ({run:?})");
     };
     let stdout = reader.join().unwrap_or_default();
-    assert!(st.success(), "stream_client.py failed ({st}); stderr:\n{}", proc.stderr.tail(40));
+    assert!(
+        st.success(),
+        "stream_client.py failed ({st}); stderr:\n{}",
+        proc.stderr.tail(40)
+    );
     let recs: Vec<ClientRecord> = stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            ClientRecord::from_value(
-                serde_json::from_str(l).unwrap_or_else(|e| panic!("client printed a bad JSON line {l:?}: {e}")),
-            )
+            let mut r = ClientRecord::from_value(
+                serde_json::from_str(l)
+                    .unwrap_or_else(|e| panic!("client printed a bad JSON line {l:?}: {e}")),
+            );
+            r.concurrency = run.concurrency;
+            r
         })
         .collect();
     assert_eq!(
@@ -618,7 +714,10 @@ pub struct Dist {
 
 impl Dist {
     pub fn new(name: &str) -> Self {
-        Dist { name: name.to_string(), xs: Vec::new() }
+        Dist {
+            name: name.to_string(),
+            xs: Vec::new(),
+        }
     }
     pub fn push(&mut self, x: f64) {
         self.xs.push(x);
@@ -657,16 +756,61 @@ impl Dist {
 }
 
 /// Bounds the comparison asserts (all in milliseconds).
+///
+/// How client and agent TTFT relate: the agent starts the clock when the
+/// server's read of the request returns (design: "request start = the first
+/// ingress byte", as the server process sees it) and stops it at the entry
+/// of the write carrying the first chunk. The client starts before its
+/// send and stops when its recv returns. So
+///
+///   client TTFT − agent TTFT = read wait + delivery, where
+///   read wait = agent request_start − client t_send   (the request sits in
+///               the socket until the server reads it), and
+///   delivery  = client first arrival − agent first emit.
+///
+/// Both are ≥ 0 (asserted, with 10 µs / 0.2 ms of slack for float rounding).
+/// Sequentially (one connection, idle server) both are loopback + wake-up
+/// latencies: |ΔTTFT| p50 ≈ 0.1–0.3 ms, and < 2 ms (`ttft_abs_ms`) is
+/// asserted per request. When several requests arrive at once, a
+/// single-threaded server (uvicorn's one asyncio loop) reads them one after
+/// another: the later ones wait in the socket receive queue, time the agent
+/// by design does not count (it cannot see the request before the read). For
+/// client runs with concurrency > 1 the read wait is bounded separately
+/// (`read_wait_max_ms`) and the agent-owned part (delivery) gets
+/// `ttft_abs_ms`.
+///
+/// Scheduling noise: on the shared 2-core box, with other builds running,
+/// we measured single 4–6 ms hiccups in otherwise quiet sequential runs
+/// (e.g. one read wait of 4.25 ms among 16 requests; one chunk arrival 5.7 ms
+/// after its emit among 65). Such a hiccup is the server or the client not
+/// getting a core, not the agent mis-timing, so the 2 ms bound may be
+/// exceeded by at most `outlier_frac` of the requests (at least 1), each
+/// still under `hard_ms`; outliers are printed with their decomposition. A
+/// systematic agent error (a shifted request start or emit time) moves every
+/// request and still fails.
 #[derive(Debug, Clone)]
 pub struct Tolerance {
-    /// |agent TTFT − client TTFT|.
+    /// |client TTFT − agent TTFT| for sequential runs; |client first
+    /// arrival − agent first emit| for concurrent runs.
     pub ttft_abs_ms: f64,
+    /// Share of requests allowed over `ttft_abs_ms` (at least one).
+    pub outlier_frac: f64,
+    /// No request's |ΔTTFT| (sequential) / delivery (concurrent) may exceed
+    /// this, outlier or not.
+    pub hard_ms: f64,
+    /// Concurrent runs only: agent request_start − client t_send at most
+    /// this (sequential runs: covered by the TTFT bounds).
+    pub read_wait_max_ms: f64,
     /// client arrival − agent emit, per chunk: must lie in [min, max].
     /// min < 0 means "the agent's emit may be this much later than the
     /// arrival" (float rounding of chunk_offsets_ms only: physically the
     /// write precedes the arrival).
     pub arrival_minus_emit_min_ms: f64,
     pub arrival_minus_emit_max_ms: f64,
+    /// p50 and p99 of client arrival − agent emit over all chunks at most
+    /// these.
+    pub arrival_minus_emit_p50_ms: f64,
+    pub arrival_minus_emit_p99_ms: f64,
     /// agent emit − server's own CLOCK_MONOTONIC stamp taken just before
     /// the write, per SSE chunk: must lie in [min, max].
     pub emit_minus_server_min_ms: f64,
@@ -674,15 +818,30 @@ pub struct Tolerance {
 }
 
 impl Tolerance {
-    /// Light load (≤ 4 concurrent streams) on a 2-core machine.
+    /// Light load (≤ 4 concurrent streams) on a 2-core machine. Measured
+    /// (8 scenarios × 3 runs, fastapi + http.server): |ΔTTFT| sequential p50
+    /// 0.08–0.3, max 0.7 ms except single 3–4.4 ms hiccups; chunk arrival −
+    /// emit p50 0.1–0.2, p99 0.5–2.0 (4.6 once, in a noisy stretch while
+    /// other builds ran), max 5.7 ms; emit − server stamp p50 0.02–0.2, max
+    /// 4.7 ms (http.server preempted between its three writes); read wait in
+    /// a burst of 4 into uvicorn ≤ 4.7 ms.
     pub fn light() -> Self {
         Tolerance {
             ttft_abs_ms: 2.0,
+            outlier_frac: 0.1,
+            hard_ms: 10.0,
+            read_wait_max_ms: 20.0,
             arrival_minus_emit_min_ms: -0.2,
-            arrival_minus_emit_max_ms: 5.0,
+            arrival_minus_emit_max_ms: 10.0,
+            arrival_minus_emit_p50_ms: 1.0,
+            arrival_minus_emit_p99_ms: 6.0,
             emit_minus_server_min_ms: -0.01,
             emit_minus_server_max_ms: 5.0,
         }
+    }
+
+    fn allowed_outliers(&self, n: usize) -> usize {
+        ((n as f64 * self.outlier_frac).floor() as usize).max(1)
     }
 }
 
@@ -700,22 +859,29 @@ pub struct Expect {
 pub struct Report {
     pub failures: Vec<String>,
     pub ttft_abs: Dist,
+    pub ttft_abs_seq: Dist,
     pub ttft_signed: Dist,
+    pub first_delivery: Dist,
     pub arrival_minus_emit: Dist,
     pub emit_minus_server: Dist,
     pub start_minus_send: Dist,
     pub e2e_signed: Dist,
     pub matched: usize,
+    /// Requests over `ttft_abs_ms` but under `hard_ms`.
+    pub ttft_outliers: Vec<String>,
+    pub ttft_checked: usize,
 }
 
 impl Report {
     pub fn new() -> Self {
         Report {
-            ttft_abs: Dist::new("|client TTFT - agent TTFT|"),
+            ttft_abs: Dist::new("|client TTFT - agent TTFT|, all"),
+            ttft_abs_seq: Dist::new("|client TTFT - agent TTFT|, sequential runs"),
             ttft_signed: Dist::new("client TTFT - agent TTFT"),
+            first_delivery: Dist::new("1st chunk: client arrival - agent emit"),
             arrival_minus_emit: Dist::new("client chunk arrival - agent chunk emit"),
             emit_minus_server: Dist::new("agent chunk emit - server write stamp"),
-            start_minus_send: Dist::new("agent request_start - client t_send"),
+            start_minus_send: Dist::new("read wait: agent request_start - client t_send"),
             e2e_signed: Dist::new("client e2e - agent e2e"),
             ..Default::default()
         }
@@ -725,7 +891,9 @@ impl Report {
         eprintln!("==== {title}: {} requests matched ====", self.matched);
         for d in [
             &self.ttft_abs,
+            &self.ttft_abs_seq,
             &self.ttft_signed,
+            &self.first_delivery,
             &self.start_minus_send,
             &self.arrival_minus_emit,
             &self.emit_minus_server,
@@ -737,6 +905,43 @@ impl Report {
         }
     }
 
+    /// Turns the outlier budget and the chunk p99 into failures.
+    pub fn apply_budgets(&mut self, tol: &Tolerance) {
+        let allowed = tol.allowed_outliers(self.ttft_checked);
+        if self.ttft_outliers.len() > allowed {
+            self.failures.push(format!(
+                "{} of {} requests over the {} ms TTFT bound (at most {allowed} scheduling outliers allowed):\n    {}",
+                self.ttft_outliers.len(),
+                self.ttft_checked,
+                tol.ttft_abs_ms,
+                self.ttft_outliers.join("\n    ")
+            ));
+        } else if !self.ttft_outliers.is_empty() {
+            eprintln!(
+                "  tolerated {} scheduling outlier(s) over {} ms (budget {allowed}):\n    {}",
+                self.ttft_outliers.len(),
+                tol.ttft_abs_ms,
+                self.ttft_outliers.join("\n    ")
+            );
+        }
+        if !self.arrival_minus_emit.xs.is_empty() {
+            let p50 = self.arrival_minus_emit.pct(50.0);
+            if p50 > tol.arrival_minus_emit_p50_ms {
+                self.failures.push(format!(
+                    "p50 of chunk arrival - agent emit is {p50:.3} ms > {} ms",
+                    tol.arrival_minus_emit_p50_ms
+                ));
+            }
+            let p99 = self.arrival_minus_emit.pct(99.0);
+            if p99 > tol.arrival_minus_emit_p99_ms {
+                self.failures.push(format!(
+                    "p99 of chunk arrival - agent emit is {p99:.3} ms > {} ms",
+                    tol.arrival_minus_emit_p99_ms
+                ));
+            }
+        }
+    }
+
     /// Panics with every failure (first 40) when there is any.
     pub fn assert_ok(&self, title: &str) {
         if !self.failures.is_empty() {
@@ -744,7 +949,11 @@ impl Report {
             let shown: Vec<&String> = self.failures.iter().take(40).collect();
             panic!(
                 "{title}: {n} check(s) failed:\n  {}",
-                shown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("\n  ")
+                shown
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join("\n  ")
             );
         }
     }
@@ -754,7 +963,9 @@ impl Report {
 pub fn by_path(agent: &[Value]) -> BTreeMap<String, Vec<Value>> {
     let mut m: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for v in agent {
-        m.entry(str_field(v, "path").unwrap_or_else(|| "<no path>".into())).or_default().push(v.clone());
+        m.entry(str_field(v, "path").unwrap_or_else(|| "<no path>".into()))
+            .or_default()
+            .push(v.clone());
     }
     m
 }
@@ -774,16 +985,27 @@ pub fn compare(
     let f = &mut report.failures;
     let agent_by_path = by_path(agent);
     let client_paths: BTreeSet<&str> = client.iter().map(|c| c.path.as_str()).collect();
-    assert_eq!(client_paths.len(), client.len(), "client paths must be unique");
+    assert_eq!(
+        client_paths.len(),
+        client.len(),
+        "client paths must be unique"
+    );
     for (p, recs) in &agent_by_path {
         if !client_paths.contains(p.as_str()) {
-            f.push(format!("agent reported {} record(s) for a path the client never sent: {p:?}: {}", recs.len(), recs[0]));
+            f.push(format!(
+                "agent reported {} record(s) for a path the client never sent: {p:?}: {}",
+                recs.len(),
+                recs[0]
+            ));
         }
     }
     for c in client {
         let p = &c.path;
         if c.aborted || c.error.is_some() {
-            f.push(format!("{p}: the client itself failed ({:?}); the test setup is broken", c.error));
+            f.push(format!(
+                "{p}: the client itself failed ({:?}); the test setup is broken",
+                c.error
+            ));
             continue;
         }
         let Some(recs) = agent_by_path.get(p) else {
@@ -791,7 +1013,10 @@ pub fn compare(
             continue;
         };
         if recs.len() != 1 {
-            f.push(format!("{p}: {} agent records, expected exactly one: {recs:?}", recs.len()));
+            f.push(format!(
+                "{p}: {} agent records, expected exactly one: {recs:?}",
+                recs.len()
+            ));
             continue;
         }
         let a = &recs[0];
@@ -799,36 +1024,63 @@ pub fn compare(
         let ctx = |what: String| format!("{p}: {what}");
 
         if a.get("pid").and_then(Value::as_u64) != Some(u64::from(server_pid)) {
-            f.push(ctx(format!("pid {:?}, expected {server_pid}", a.get("pid"))));
+            f.push(ctx(format!(
+                "pid {:?}, expected {server_pid}",
+                a.get("pid")
+            )));
         }
         if a.get("status").and_then(Value::as_u64) != Some(expect.status) {
-            f.push(ctx(format!("status {:?}, expected {}", a.get("status"), expect.status)));
+            f.push(ctx(format!(
+                "status {:?}, expected {}",
+                a.get("status"),
+                expect.status
+            )));
         }
         if c.status != Some(expect.status) {
-            f.push(ctx(format!("client saw status {:?}, expected {}", c.status, expect.status)));
+            f.push(ctx(format!(
+                "client saw status {:?}, expected {}",
+                c.status, expect.status
+            )));
         }
         if str_field(a, "method").as_deref() != Some("POST") {
             f.push(ctx(format!("method {:?}, expected POST", a.get("method"))));
         }
         if a.get("stream").and_then(Value::as_bool) != Some(expect.stream) {
-            f.push(ctx(format!("stream {:?}, expected {}", a.get("stream"), expect.stream)));
+            f.push(ctx(format!(
+                "stream {:?}, expected {}",
+                a.get("stream"),
+                expect.stream
+            )));
         }
         if a.get("aborted").and_then(Value::as_bool) != Some(false) {
-            f.push(ctx(format!("aborted {:?} (reason {:?}), expected false", a.get("aborted"), a.get("abort_reason"))));
+            f.push(ctx(format!(
+                "aborted {:?} (reason {:?}), expected false",
+                a.get("aborted"),
+                a.get("abort_reason")
+            )));
         }
         if a.get("tls").and_then(Value::as_bool) != Some(false) {
-            f.push(ctx(format!("tls {:?}, expected false (plaintext)", a.get("tls"))));
+            f.push(ctx(format!(
+                "tls {:?}, expected false (plaintext)",
+                a.get("tls")
+            )));
         }
         let a_chunks = a.get("chunks").and_then(Value::as_u64);
         if a_chunks != Some(c.chunks) {
-            f.push(ctx(format!("agent chunks {a_chunks:?} != client chunks {}", c.chunks)));
+            f.push(ctx(format!(
+                "agent chunks {a_chunks:?} != client chunks {}",
+                c.chunks
+            )));
         }
         let a_rid = str_field(a, "response_id");
         if expect.has_response_id && c.response_id.is_none() {
             f.push(ctx("client saw no response id".into()));
         }
         if a_rid != c.response_id {
-            f.push(ctx(format!("agent response_id {a_rid:?} != client {:?}", c.response_id)));
+            f.push(ctx(format!(
+                "agent response_id {a_rid:?} != client {:?}",
+                c.response_id
+            )));
         }
         let offsets: Vec<f64> = a
             .get("chunk_offsets_ms")
@@ -836,11 +1088,17 @@ pub fn compare(
             .map(|xs| xs.iter().filter_map(Value::as_f64).collect())
             .unwrap_or_default();
         if offsets.len() as u64 != a_chunks.unwrap_or(u64::MAX) {
-            f.push(ctx(format!("chunk_offsets_ms has {} entries, chunks is {a_chunks:?}", offsets.len())));
+            f.push(ctx(format!(
+                "chunk_offsets_ms has {} entries, chunks is {a_chunks:?}",
+                offsets.len()
+            )));
         }
         let itl_len = a.get("itl_ms").and_then(Value::as_array).map(Vec::len);
         if itl_len != Some(offsets.len().saturating_sub(1)) {
-            f.push(ctx(format!("itl_ms has {itl_len:?} entries for {} chunks", offsets.len())));
+            f.push(ctx(format!(
+                "itl_ms has {itl_len:?} entries for {} chunks",
+                offsets.len()
+            )));
         }
         let Some(rs) = a.get("request_start_ns").and_then(Value::as_u64) else {
             f.push(ctx(format!("no request_start_ns: {a}")));
@@ -856,19 +1114,35 @@ pub fn compare(
                 -sms
             )));
         }
-        // TTFT
+        // TTFT (see `Tolerance` for the decomposition)
         match (f64_field(a, "ttft_ms"), c.ttft_ns) {
             (Some(at), Some(ct)) => {
-                let d = ct as f64 / 1e6 - at;
+                let ct = ct as f64 / 1e6;
+                let d = ct - at;
+                let delivery = d - sms;
                 report.ttft_signed.push(d);
                 report.ttft_abs.push(d.abs());
-                if d.abs() >= tol.ttft_abs_ms {
-                    f.push(ctx(format!(
-                        "|client TTFT {:.3} - agent TTFT {at:.3}| = {:.3} ms >= {} ms",
-                        ct as f64 / 1e6,
-                        d.abs(),
-                        tol.ttft_abs_ms
-                    )));
+                report.first_delivery.push(delivery);
+                report.ttft_checked += 1;
+                let (what, x) = if c.concurrency <= 1 {
+                    report.ttft_abs_seq.push(d.abs());
+                    ("|client TTFT - agent TTFT|", d.abs())
+                } else {
+                    if sms > tol.read_wait_max_ms {
+                        f.push(ctx(format!(
+                            "read wait (agent request_start - client t_send) {sms:.3} ms > {} ms",
+                            tol.read_wait_max_ms
+                        )));
+                    }
+                    ("|1st chunk arrival - agent emit|", delivery.abs())
+                };
+                let line = format!(
+                    "{what} = {x:.3} ms (client TTFT {ct:.3}, agent TTFT {at:.3}, read wait {sms:.3}, delivery {delivery:.3})"
+                );
+                if x >= tol.hard_ms {
+                    f.push(ctx(format!("{line} >= hard bound {} ms", tol.hard_ms)));
+                } else if x >= tol.ttft_abs_ms {
+                    report.ttft_outliers.push(ctx(line));
                 }
             }
             (at, ct) => f.push(ctx(format!("TTFT missing: agent {at:?}, client {ct:?}"))),
@@ -879,7 +1153,9 @@ pub fn compare(
         }
         // every chunk
         for (i, off) in offsets.iter().enumerate() {
-            let Some(&arr) = c.chunk_arrival_ns.get(i) else { break };
+            let Some(&arr) = c.chunk_arrival_ns.get(i) else {
+                break;
+            };
             let d = (arr as f64 - rs as f64) / 1e6 - off;
             report.arrival_minus_emit.push(d);
             if d < tol.arrival_minus_emit_min_ms || d > tol.arrival_minus_emit_max_ms {
@@ -961,14 +1237,26 @@ pub fn scenario_with(
     let all = paths(&client);
     let missing = agent.wait_for_paths(&all, Duration::from_secs(20));
     if !missing.is_empty() {
-        eprintln!("[test] {} of {} requests not reported 20 s after the client finished", missing.len(), all.len());
+        eprintln!(
+            "[test] {} of {} requests not reported 20 s after the client finished",
+            missing.len(),
+            all.len()
+        );
     }
     // a moment for duplicates to show up, then stop (SIGINT) and drain
     thread::sleep(Duration::from_millis(300));
     let stop = agent.stop();
     let mut report = Report::new();
-    compare(&client, &agent.values(), server.pid(), expect, tol, &mut report);
+    compare(
+        &client,
+        &agent.values(),
+        server.pid(),
+        expect,
+        tol,
+        &mut report,
+    );
     report.print(title);
+    report.apply_budgets(tol);
     check_agent_exit(&agent, stop, &mut report);
     report.assert_ok(title);
     report
