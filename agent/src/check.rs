@@ -315,3 +315,26 @@ pub fn kernel_release() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|_| "unknown".into())
 }
+
+/// The OpenSSL files `pid` maps, as `run` would find and probe them.
+pub fn tls_lines(pid: u32) -> Vec<String> {
+    let proc_root = Path::new("/proc");
+    if !proc_root.join(pid.to_string()).is_dir() {
+        return vec![format!("TLS (pid {pid}): no such process")];
+    }
+    let libs = crate::discover::tls::find_tls_libraries(proc_root, pid, &Default::default());
+    if libs.is_empty() {
+        return vec![format!(
+            "TLS (pid {pid}): no OpenSSL loaded (yet: libraries loaded later are found when they are mapped)"
+        )];
+    }
+    libs.iter()
+        .map(|lib| {
+            format!(
+                "TLS (pid {pid}): {} defines {}",
+                lib.mapped_as,
+                lib.symbols.join(", ")
+            )
+        })
+        .collect()
+}

@@ -27,9 +27,16 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Report what this host supports for tracing; exits non-zero if tracing cannot work.
-    Check,
+    Check(CheckArgs),
     /// Trace servers and print one timeline per finished request.
     Run(RunArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Also report the TLS libraries this process uses (what `run` would probe).
+    #[arg(long)]
+    pub pid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Args)]

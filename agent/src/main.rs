@@ -4,8 +4,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokentrace::check::{kernel_release, run_checks, Need};
-use tokentrace::cli::{Cli, Command};
+use tokentrace::check::{kernel_release, run_checks, tls_lines, Need};
+use tokentrace::cli::{CheckArgs, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
 fn init_logging(filter: &str) {
@@ -17,7 +17,7 @@ fn init_logging(filter: &str) {
         .init();
 }
 
-fn check() -> ExitCode {
+fn check(args: &CheckArgs) -> ExitCode {
     println!(
         "tokentrace {} on Linux {}",
         env!("CARGO_PKG_VERSION"),
@@ -26,6 +26,11 @@ fn check() -> ExitCode {
     let lines = run_checks();
     for line in &lines {
         println!("{line}");
+    }
+    if let Some(pid) = args.pid {
+        for line in tls_lines(pid) {
+            println!("{line}");
+        }
     }
     let blocking: Vec<_> = lines
         .iter()
@@ -48,7 +53,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level);
     match cli.command {
-        Command::Check => check(),
+        Command::Check(args) => check(&args),
         Command::Run(args) => {
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)

@@ -12,11 +12,12 @@ use tokio::sync::mpsc;
 
 use crate::cli::RunArgs;
 use crate::config::Config;
+use crate::discover::tls::{TlsChange, TlsUsers};
 use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
-use crate::ingest::Ingest;
+use crate::ingest::{Ingest, ProbeCommand};
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
-use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings, TracedPids};
+use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
 use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
 
 const PROC: &str = "/proc";
@@ -83,13 +84,57 @@ impl Printer {
     }
 }
 
-fn apply(change: Change, pids: &TracedPids) {
-    match change {
-        Change::Trace(pid) => match pids.insert(pid) {
-            Ok(()) => tracing::info!("tracing pid {pid}"),
-            Err(err) => tracing::warn!("{err:#}"),
-        },
-        Change::Untrace(pid) => pids.remove(pid),
+/// The probes' side of which processes are traced: the kernel pid filter
+/// and the OpenSSL files those processes use.
+struct Probed<'a> {
+    ingest: &'a Ingest,
+    tls: TlsUsers,
+}
+
+impl Probed<'_> {
+    fn apply(&mut self, change: Change) {
+        match change {
+            Change::Trace(pid) => {
+                match self.ingest.traced_pids.insert(pid) {
+                    Ok(()) => tracing::info!("tracing pid {pid}"),
+                    Err(err) => tracing::warn!("{err:#}"),
+                }
+                self.scan_libraries(pid);
+            }
+            Change::Untrace(pid) => {
+                self.ingest.traced_pids.remove(pid);
+                self.forget_libraries(pid);
+            }
+        }
+    }
+
+    /// Finds OpenSSL files `pid` maps (now, or after it loaded a library).
+    fn scan_libraries(&mut self, pid: u32) {
+        let changes = self.tls.scan(Path::new(PROC), pid);
+        self.tls_changes(changes);
+    }
+
+    fn forget_libraries(&mut self, pid: u32) {
+        let changes = self.tls.process_exited(pid);
+        self.tls_changes(changes);
+    }
+
+    fn tls_changes(&self, changes: Vec<TlsChange>) {
+        for change in changes {
+            self.ingest.command(match change {
+                TlsChange::Attach(lib) => ProbeCommand::AttachTls(lib),
+                TlsChange::Detach(key) => ProbeCommand::DetachTls(key),
+            });
+        }
+    }
+
+    /// Lifecycle events that change what is probed.
+    fn on_event(&mut self, event: &Event) {
+        match event {
+            Event::LibraryMapped(mapped) => self.scan_libraries(mapped.pid),
+            Event::Exit(exit) => self.forget_libraries(exit.pid),
+            _ => {}
+        }
     }
 }
 
@@ -99,7 +144,7 @@ struct Pipeline<'a> {
     stitcher: Stitcher,
     printer: Printer,
     summary: RunSummary,
-    pids: &'a TracedPids,
+    probed: Probed<'a>,
     request_limit: Option<u64>,
     finished: Vec<RequestTimeline>,
 }
@@ -109,8 +154,9 @@ impl Pipeline<'_> {
         self.summary.events += batch.len() as u64;
         for event in batch {
             if let Some(change) = self.tracker.on_event(event, Path::new(PROC)) {
-                apply(change, self.pids);
+                self.probed.apply(change);
             }
+            self.probed.on_event(event);
             self.stitcher.push(event, &mut self.finished);
         }
         self.report()
@@ -121,7 +167,7 @@ impl Pipeline<'_> {
         for timeline in std::mem::take(&mut self.finished) {
             let (report, change) = self.tracker.review(&timeline);
             if let Some(change) = change {
-                apply(change, self.pids);
+                self.probed.apply(change);
                 if let Change::Untrace(pid) = change {
                     self.stitcher.forget_process(pid);
                 }
@@ -183,8 +229,13 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         events_tx,
     )?;
     let initial = tracker.initial_scan(Path::new(PROC))?;
+    let mut probed = Probed {
+        ingest: &ingest,
+        tls: TlsUsers::default(),
+    };
     for &pid in &initial {
         ingest.traced_pids.insert(pid)?;
+        probed.scan_libraries(pid);
     }
     if tracker.is_automatic() {
         eprintln!(
@@ -208,7 +259,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
             out: io::stdout(),
         },
         summary: RunSummary::default(),
-        pids: &ingest.traced_pids,
+        probed,
         request_limit: args.requests,
         finished: Vec::new(),
     };

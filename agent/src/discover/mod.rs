@@ -6,6 +6,7 @@
 
 pub mod procfs;
 mod selector;
+pub mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

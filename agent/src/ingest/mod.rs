@@ -6,6 +6,7 @@
 mod decode;
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::JoinHandle;
@@ -16,8 +17,17 @@ use tokio::sync::mpsc;
 
 pub use decode::{decode, DecodeError};
 
+use crate::discover::tls::{LibraryKey, TlsLibrary};
 use crate::event::Event;
 use crate::probes::{KernelCounters, ProbeSettings, SockProbes, TracedPids};
+
+/// Probe changes the ingest thread carries out: it owns the probes, so
+/// attaching happens there, between two polls.
+#[derive(Debug)]
+pub enum ProbeCommand {
+    AttachTls(TlsLibrary),
+    DetachTls(LibraryKey),
+}
 
 /// Counters of the userspace half of ingestion.
 #[derive(Debug, Default)]
@@ -35,6 +45,7 @@ pub struct Ingest {
     pub traced_pids: TracedPids,
     pub kernel_counters: KernelCounters,
     pub stats: Arc<IngestStats>,
+    commands: std_mpsc::Sender<ProbeCommand>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
@@ -50,12 +61,20 @@ impl Ingest {
         let stats = Arc::new(IngestStats::default());
         let stop = Arc::new(AtomicBool::new(false));
         let (ready_tx, ready_rx) = std_mpsc::channel();
+        let (commands, commands_rx) = std_mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("tokentrace-ingest".into())
             .spawn({
                 let stats = Arc::clone(&stats);
                 let stop = Arc::clone(&stop);
-                move || run_thread(&settings, poll_interval, &events, &stats, &stop, &ready_tx)
+                move || {
+                    let channels = Channels {
+                        events: &events,
+                        commands: &commands_rx,
+                        ready: &ready_tx,
+                    };
+                    run_thread(&settings, poll_interval, channels, &stats, &stop);
+                }
             })
             .context("spawning the ingest thread")?;
         let (traced_pids, kernel_counters) = ready_rx
@@ -65,9 +84,18 @@ impl Ingest {
             traced_pids,
             kernel_counters,
             stats,
+            commands,
             stop,
             thread: Some(thread),
         })
+    }
+
+    /// Queues a probe change for the ingest thread (done within one poll
+    /// interval). A stopped thread ignores it.
+    pub fn command(&self, command: ProbeCommand) {
+        if self.commands.send(command).is_err() {
+            tracing::debug!("ingest thread gone: probe command dropped");
+        }
     }
 
     /// Stops polling and detaches the probes.
@@ -89,14 +117,58 @@ impl Drop for Ingest {
 
 type Ready = Result<(TracedPids, KernelCounters)>;
 
+/// The ingest thread's ends of its channels.
+struct Channels<'a> {
+    events: &'a mpsc::Sender<Vec<Event>>,
+    commands: &'a std_mpsc::Receiver<ProbeCommand>,
+    ready: &'a std_mpsc::Sender<Ready>,
+}
+
+/// Carries out a probe command; the links of attached libraries live in
+/// `tls_links` until detached.
+fn apply_command(
+    probes: &SockProbes,
+    command: ProbeCommand,
+    tls_links: &mut HashMap<LibraryKey, Vec<libbpf_rs::Link>>,
+) {
+    match command {
+        ProbeCommand::AttachTls(lib) => {
+            if tls_links.contains_key(&lib.key) {
+                return;
+            }
+            match probes.attach_tls(&lib.path) {
+                Ok(links) => {
+                    tracing::info!(
+                        "TLS: probing {} ({} uprobes; defines {})",
+                        lib.mapped_as,
+                        links.len(),
+                        lib.symbols.join(", ")
+                    );
+                    tls_links.insert(lib.key, links);
+                }
+                Err(err) => tracing::warn!("TLS: cannot probe {}: {err:#}", lib.mapped_as),
+            }
+        }
+        ProbeCommand::DetachTls(key) => {
+            if tls_links.remove(&key).is_some() {
+                tracing::info!("TLS: detached from library {key:?}: no traced process uses it");
+            }
+        }
+    }
+}
+
 fn run_thread(
     settings: &ProbeSettings,
     poll_interval: Duration,
-    events: &mpsc::Sender<Vec<Event>>,
+    channels: Channels<'_>,
     stats: &IngestStats,
     stop: &AtomicBool,
-    ready: &std_mpsc::Sender<Ready>,
 ) {
+    let Channels {
+        events,
+        commands,
+        ready,
+    } = channels;
     let setup = || -> Result<SockProbes> { SockProbes::load(settings) };
     let probes = match setup() {
         Ok(probes) => probes,
@@ -133,7 +205,11 @@ fn run_thread(
         }
     };
 
+    let mut tls_links = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
+        for command in commands.try_iter() {
+            apply_command(&probes, command, &mut tls_links);
+        }
         if let Err(err) = ring.poll(poll_interval) {
             if err.kind() != libbpf_rs::ErrorKind::Interrupted {
                 tracing::error!("polling the ring buffer failed: {err}");

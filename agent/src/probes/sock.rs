@@ -150,3 +150,108 @@ impl KernelCounters {
         })
     }
 }
+
+/// One probe of the TLS set: an exported function and the program run on
+/// its entry or return.
+struct TlsProbe {
+    symbol: &'static str,
+    retprobe: bool,
+}
+
+const TLS_PROBES: [TlsProbe; 11] = [
+    TlsProbe {
+        symbol: "SSL_read",
+        retprobe: false,
+    },
+    TlsProbe {
+        symbol: "SSL_read",
+        retprobe: true,
+    },
+    TlsProbe {
+        symbol: "SSL_write",
+        retprobe: false,
+    },
+    TlsProbe {
+        symbol: "SSL_write",
+        retprobe: true,
+    },
+    TlsProbe {
+        symbol: "SSL_read_ex",
+        retprobe: false,
+    },
+    TlsProbe {
+        symbol: "SSL_read_ex",
+        retprobe: true,
+    },
+    TlsProbe {
+        symbol: "SSL_write_ex",
+        retprobe: false,
+    },
+    TlsProbe {
+        symbol: "SSL_write_ex",
+        retprobe: true,
+    },
+    // Lifecycle: the handshake ties the SSL* to its socket before any
+    // data; SSL_free ends the connection. Optional: data works without.
+    TlsProbe {
+        symbol: "SSL_do_handshake",
+        retprobe: false,
+    },
+    TlsProbe {
+        symbol: "SSL_do_handshake",
+        retprobe: true,
+    },
+    TlsProbe {
+        symbol: "SSL_free",
+        retprobe: false,
+    },
+];
+
+impl SockProbes {
+    /// Attaches the OpenSSL probes to `path` for every process (the pid
+    /// filter runs in the programs). Returns the links; dropping them
+    /// detaches. A function the file does not define is skipped (OpenSSL
+    /// 1.0 has no `_ex` variants); it is an error only if no data function
+    /// could be probed.
+    pub fn attach_tls(&self, path: &std::path::Path) -> Result<Vec<libbpf_rs::Link>> {
+        use libbpf_rs::UprobeOpts;
+        let progs = &self.skel.progs;
+        let mut links = Vec::new();
+        let mut data_probes = 0;
+        for probe in &TLS_PROBES {
+            let program = match (probe.symbol, probe.retprobe) {
+                (_, true) => &progs.ssl_exit,
+                ("SSL_read", false) => &progs.ssl_read_enter,
+                ("SSL_write", false) => &progs.ssl_write_enter,
+                ("SSL_read_ex", false) => &progs.ssl_read_ex_enter,
+                ("SSL_write_ex", false) => &progs.ssl_write_ex_enter,
+                ("SSL_do_handshake", false) => &progs.ssl_handshake_enter,
+                _ => &progs.ssl_free_enter,
+            };
+            let opts = UprobeOpts {
+                func_name: Some(probe.symbol.to_string()),
+                retprobe: probe.retprobe,
+                ..UprobeOpts::default()
+            };
+            match program.attach_uprobe_with_opts(-1, path, 0, opts) {
+                Ok(link) => {
+                    if probe.symbol.starts_with("SSL_read") || probe.symbol.starts_with("SSL_write")
+                    {
+                        data_probes += 1;
+                    }
+                    links.push(link);
+                }
+                Err(err) => {
+                    tracing::debug!("{} in {}: not probed: {err}", probe.symbol, path.display())
+                }
+            }
+        }
+        if data_probes == 0 {
+            anyhow::bail!(
+                "{} defines none of SSL_read/SSL_write/SSL_read_ex/SSL_write_ex",
+                path.display()
+            );
+        }
+        Ok(links)
+    }
+}

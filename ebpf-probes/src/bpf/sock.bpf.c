@@ -100,6 +100,17 @@ struct {
 	__type(value, __s32);
 } ssl_fds SEC(".maps");
 
+/* The socket a thread last read from. With a memory BIO (Python's asyncio
+ * SSL transport) the socket read happens outside OpenSSL, just before the
+ * SSL_read of the same connection on the same event-loop thread: the best
+ * evidence of which socket an SSL* uses when no read nests in the call. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, __s32);
+} last_read_fd SEC(".maps");
+
 /* Per-CPU staging area for one data record: the fixed fields, then the
  * payload. Copies are bounded for the verifier with masks (clang reorders
  * plain comparisons away from the helper call): offsets by MAX_CAPTURE - 1
@@ -302,6 +313,9 @@ static __always_inline int exit_io(long ret)
 		bpf_map_update_elem(&ssl_fds, &key, &a.fd, BPF_ANY);
 		return 0;
 	}
+
+	if (a.direction == TT_DIR_INGRESS)
+		bpf_map_update_elem(&last_read_fd, &pid_tgid, &a.fd, BPF_ANY);
 
 	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &zero_key);
 	if (!s) {
@@ -684,6 +698,11 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
 	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
+	if (!fd && c.direction == TT_DIR_INGRESS) {
+		fd = bpf_map_lookup_elem(&last_read_fd, &pid_tgid);
+		if (fd)
+			bpf_map_update_elem(&ssl_fds, &key, fd, BPF_ANY);
+	}
 	if (fd) {
 		__u64 ino = 0;
 		struct sock *sk = tcp_sock_of_fd(*fd, &ino);
