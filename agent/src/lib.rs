@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod discover;
 pub mod event;
+pub mod export;
 pub mod ingest;
 pub mod output;
 pub mod probes;

@@ -1,0 +1,449 @@
+//! Export of finished timelines: OTLP spans and metrics (gRPC or
+//! HTTP/protobuf), and a Prometheus text endpoint.
+//!
+//! The run loop calls [`Exporter::record`] for every reported timeline. That
+//! call never waits on I/O: it updates the metric aggregation under a short
+//! lock, turns the timeline into spans (pure CPU) and `try_push`es them into
+//! a bounded queue, counting what does not fit. Background tasks on the
+//! runtime do the network work: the span task batches, encodes and sends
+//! with retry and backoff; the metrics task pushes cumulative metrics on an
+//! interval; the Prometheus task answers scrapes.
+//!
+//! Spans are built from `opentelemetry-proto` messages rather than through
+//! the OpenTelemetry SDK: the SDK ties one resource to one tracer provider
+//! (and its own batch queue and thread), while tokentrace reports for many
+//! processes at once, with timestamps taken from the kernel rather than
+//! from "now". Building `ResourceSpans` directly gives one queue with one
+//! memory bound for all processes, exact timestamps, and ids and parents
+//! that unit tests can check.
+//!
+//! Memory bound with a dead backend: `queue_size` requests of at most four
+//! spans and `max_span_events` events each, plus one batch being retried.
+
+mod clock;
+mod context;
+mod encode;
+mod metrics;
+mod otlp;
+mod prometheus;
+mod queue;
+mod resource;
+mod retry;
+mod settings;
+mod spans;
+
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+pub use clock::WallClock;
+pub use context::{IdGenerator, RemoteParent};
+pub use metrics::AgentCounters;
+pub use otlp::Protocol;
+pub use settings::{resolve, ExportArgs, ExportConfig, ExportSettings};
+pub use spans::{timeline_spans, SpanSettings};
+
+use encode::TraceItem;
+use metrics::{ExportCounters, Metrics};
+use otlp::OtlpClient;
+use queue::{QueueReceiver, QueueSender};
+use resource::{ResourceCache, ResourceRules};
+use retry::{with_retry, RetryPolicy};
+
+use crate::stitch::RequestTimeline;
+
+/// The wall-clock offset is measured again when a timeline ends this long
+/// after the last measurement, to follow steps of the system clock.
+const CLOCK_REFRESH_NS: u64 = 60_000_000_000;
+
+/// Export-path counters, written by the run loop and the export tasks.
+#[derive(Debug, Default)]
+struct Stats {
+    enqueued: AtomicU64,
+    dequeued: AtomicU64,
+    spans_exported: AtomicU64,
+    spans_dropped_queue_full: AtomicU64,
+    spans_dropped_export_failed: AtomicU64,
+    spans_not_sampled: AtomicU64,
+    metric_exports_failed: AtomicU64,
+}
+
+/// State the run loop, the export tasks and the Prometheus endpoint share.
+#[derive(Debug)]
+pub struct Shared {
+    metrics: Mutex<Metrics>,
+    stats: Stats,
+    queue_capacity: u64,
+}
+
+impl Shared {
+    /// A consistent copy of the metrics and the export counters.
+    pub fn snapshot(&self) -> (Metrics, ExportCounters) {
+        let metrics = self
+            .metrics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let s = &self.stats;
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let export = ExportCounters {
+            spans_exported: get(&s.spans_exported),
+            spans_dropped_queue_full: get(&s.spans_dropped_queue_full),
+            spans_dropped_export_failed: get(&s.spans_dropped_export_failed),
+            spans_not_sampled: get(&s.spans_not_sampled),
+            queue_length: get(&s.enqueued).saturating_sub(get(&s.dequeued)),
+            queue_capacity: self.queue_capacity,
+            metric_exports_failed: get(&s.metric_exports_failed),
+        };
+        (metrics, export)
+    }
+}
+
+/// The span side of the exporter: conversion state and the queue.
+struct SpanPipe {
+    tx: QueueSender<TraceItem>,
+    clock: WallClock,
+    ids: IdGenerator,
+    settings: SpanSettings,
+}
+
+/// What the run loop holds: [`Exporter::record`] per timeline,
+/// [`Exporter::observe_agent`] now and then, [`Exporter::shutdown`] at the end.
+pub struct Exporter {
+    /// `None` when nothing is exported: `record` is free.
+    active: Option<Active>,
+}
+
+struct Active {
+    shared: Arc<Shared>,
+    resources: ResourceCache,
+    spans: Option<SpanPipe>,
+    span_task: Option<JoinHandle<()>>,
+    metrics_task: Option<(oneshot::Sender<()>, JoinHandle<()>)>,
+    prometheus_task: Option<JoinHandle<()>>,
+    targets: Vec<String>,
+}
+
+/// Totals printed when the run ends.
+#[derive(Debug, Clone)]
+pub struct ExportSummary {
+    targets: Vec<String>,
+    counters: ExportCounters,
+}
+
+impl fmt::Display for ExportSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.counters;
+        write!(
+            f,
+            "  export ({}): {} spans exported, {} dropped (queue full), {} dropped (export failed), {} not sampled, {} left in queue",
+            self.targets.join(", "),
+            c.spans_exported,
+            c.spans_dropped_queue_full,
+            c.spans_dropped_export_failed,
+            c.spans_not_sampled,
+            c.queue_length
+        )
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+impl Exporter {
+    /// An exporter that exports nothing.
+    pub fn disabled() -> Self {
+        Self { active: None }
+    }
+
+    /// Starts the export tasks on the current runtime. Fails when the
+    /// Prometheus address cannot be bound or an endpoint is malformed;
+    /// a backend that is down is not an error (spans wait, then drop).
+    pub async fn start(settings: ExportSettings) -> Result<Self, String> {
+        if settings.is_disabled() {
+            return Ok(Self::disabled());
+        }
+        let shared = Arc::new(Shared {
+            metrics: Mutex::new(Metrics::new(settings.max_series, unix_now())),
+            stats: Stats::default(),
+            queue_capacity: settings.queue_size as u64,
+        });
+        let mut targets = Vec::new();
+
+        let prometheus_task = match settings.prometheus_addr {
+            Some(addr) => {
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|err| format!("--metrics-addr {addr}: cannot listen: {err}"))?;
+                targets.push(format!("prometheus http://{addr}/metrics"));
+                Some(tokio::spawn(prometheus::serve(
+                    listener,
+                    Arc::clone(&shared),
+                )))
+            }
+            None => None,
+        };
+
+        let (spans, span_task) = match &settings.traces {
+            Some(target) => {
+                let client = OtlpClient::new(target)?;
+                targets.push(format!("spans {} {}", target.protocol, target.url));
+                let (tx, rx) = queue::bounded(settings.queue_size);
+                let task = tokio::spawn(export_spans(
+                    rx,
+                    client,
+                    Arc::clone(&shared),
+                    settings.batch_size,
+                    settings.batch_timeout,
+                    settings.retry,
+                ));
+                let pipe = SpanPipe {
+                    tx,
+                    clock: WallClock::measure(),
+                    ids: IdGenerator::random(),
+                    settings: settings.spans.clone(),
+                };
+                (Some(pipe), Some(task))
+            }
+            None => (None, None),
+        };
+
+        let metrics_task = match &settings.metrics {
+            Some(target) => {
+                let client = OtlpClient::new(target)?;
+                targets.push(format!("metrics {} {}", target.protocol, target.url));
+                let (stop_tx, stop_rx) = oneshot::channel();
+                let task = tokio::spawn(export_metrics(
+                    client,
+                    Arc::clone(&shared),
+                    settings.resource.clone(),
+                    settings.metrics_interval,
+                    stop_rx,
+                ));
+                Some((stop_tx, task))
+            }
+            None => None,
+        };
+
+        tracing::info!("exporting to {}", targets.join(", "));
+        Ok(Self {
+            active: Some(Active {
+                shared,
+                resources: ResourceCache::new(settings.resource, PathBuf::from("/proc")),
+                spans,
+                span_task,
+                metrics_task,
+                prometheus_task,
+                targets,
+            }),
+        })
+    }
+
+    /// Records one reported request: metrics now, spans into the queue.
+    /// Never blocks on export.
+    pub fn record(&mut self, t: &RequestTimeline) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        let process = active.resources.get(t.conn.pid, &t.comm);
+        active
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .record(&process.service, t);
+
+        let Some(pipe) = &mut active.spans else {
+            return;
+        };
+        if t.end.saturating_sub(pipe.clock.measured_at()) > CLOCK_REFRESH_NS {
+            pipe.clock = WallClock::measure();
+        }
+        let stats = &active.shared.stats;
+        let spans = timeline_spans(t, &pipe.clock, &mut pipe.ids, &pipe.settings);
+        if spans.is_empty() {
+            stats.spans_not_sampled.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        let count = spans.len() as u64;
+        match pipe.tx.try_push(TraceItem {
+            resource: Arc::clone(&process.resource),
+            spans,
+        }) {
+            Ok(()) => {
+                stats.enqueued.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats
+                    .spans_dropped_queue_full
+                    .fetch_add(count, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// Updates the agent's self-metrics from the run loop's counters.
+    pub fn observe_agent(&self, counters: AgentCounters) {
+        if let Some(active) = &self.active {
+            active
+                .shared
+                .metrics
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .agent = counters;
+        }
+    }
+
+    /// Flushes queued spans and a last metrics push, for at most `grace`,
+    /// then stops every task. `None` when nothing was exported.
+    pub async fn shutdown(self, grace: Duration) -> Option<ExportSummary> {
+        let active = self.active?;
+        // closing the queue lets the span task drain it and end
+        drop(active.spans);
+        let deadline = tokio::time::Instant::now() + grace;
+        if let Some(task) = active.span_task {
+            finish(task, deadline, "span export").await;
+        }
+        if let Some((stop, task)) = active.metrics_task {
+            let _ = stop.send(());
+            finish(task, deadline, "metrics export").await;
+        }
+        if let Some(task) = active.prometheus_task {
+            task.abort();
+        }
+        let (_, counters) = active.shared.snapshot();
+        Some(ExportSummary {
+            targets: active.targets,
+            counters,
+        })
+    }
+}
+
+async fn finish(mut task: JoinHandle<()>, deadline: tokio::time::Instant, what: &str) {
+    if tokio::time::timeout_at(deadline, &mut task).await.is_err() {
+        tracing::warn!("{what} did not finish before the shutdown deadline; stopping it");
+        task.abort();
+    }
+}
+
+/// Logs export failures once per outage, not once per batch.
+struct Health {
+    what: &'static str,
+    url: String,
+    failing: bool,
+}
+
+impl Health {
+    fn ok(&mut self) {
+        if self.failing {
+            tracing::warn!("{} to {}: recovered", self.what, self.url);
+            self.failing = false;
+        }
+    }
+
+    fn failed(&mut self, err: &otlp::SendError, consequence: &str) {
+        if self.failing {
+            tracing::debug!("{} to {} failed: {err}", self.what, self.url);
+        } else {
+            tracing::warn!("{} to {} failed: {err}; {consequence}", self.what, self.url);
+            self.failing = true;
+        }
+    }
+}
+
+async fn export_spans(
+    mut rx: QueueReceiver<TraceItem>,
+    client: OtlpClient,
+    shared: Arc<Shared>,
+    batch_size: usize,
+    linger: Duration,
+    retry: RetryPolicy,
+) {
+    let stats = &shared.stats;
+    let mut health = Health {
+        what: "span export",
+        url: client.url().to_string(),
+        failing: false,
+    };
+    while let Some(batch) = rx.next_batch(batch_size, linger).await {
+        stats
+            .dequeued
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        let spans: u64 = batch.iter().map(|item| item.spans.len() as u64).sum();
+        let request = encode::trace_request(&batch);
+        drop(batch);
+        match with_retry(retry, || client.export_traces(request.clone())).await {
+            Ok(rejected) => {
+                health.ok();
+                let rejected = rejected.min(spans);
+                stats
+                    .spans_exported
+                    .fetch_add(spans - rejected, Ordering::Relaxed);
+                if rejected > 0 {
+                    stats
+                        .spans_dropped_export_failed
+                        .fetch_add(rejected, Ordering::Relaxed);
+                    tracing::warn!("the OTLP backend rejected {rejected} of {spans} spans");
+                }
+            }
+            Err((err, attempts)) => {
+                stats
+                    .spans_dropped_export_failed
+                    .fetch_add(spans, Ordering::Relaxed);
+                health.failed(
+                    &err,
+                    &format!(
+                        "dropped {spans} spans after {attempts} attempt(s); \
+                         further drops are counted in tokentrace.spans.dropped"
+                    ),
+                );
+            }
+        }
+    }
+}
+
+async fn export_metrics(
+    client: OtlpClient,
+    shared: Arc<Shared>,
+    rules: ResourceRules,
+    interval: Duration,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let mut health = Health {
+        what: "metrics export",
+        url: client.url().to_string(),
+        failing: false,
+    };
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let last = tokio::select! {
+            _ = ticker.tick() => false,
+            _ = &mut stop => true,
+        };
+        let (metrics, export) = shared.snapshot();
+        let request = encode::metrics_request(&metrics, &export, &rules, unix_now());
+        // Cumulative data: a lost push is repaired by the next one, so no
+        // retry queue is needed here.
+        match client.export_metrics(request).await {
+            Ok(_) => health.ok(),
+            Err(err) => {
+                shared
+                    .stats
+                    .metric_exports_failed
+                    .fetch_add(1, Ordering::Relaxed);
+                health.failed(&err, "the next push carries the same cumulative data");
+            }
+        }
+        if last {
+            return;
+        }
+    }
+}

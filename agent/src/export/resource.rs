@@ -1,0 +1,442 @@
+//! OTLP resources: one per traced process, one for the agent itself.
+//!
+//! A span belongs to the process that served the request, not to the agent
+//! that saw it, so each traced process gets its own resource: `service.name`,
+//! `process.pid`, `process.executable.name`, `host.name`, plus the
+//! user's `OTEL_RESOURCE_ATTRIBUTES` / `export.resource_attributes` (where
+//! container and Kubernetes attributes go until discovery fills them).
+//!
+//! `service.name` of a traced process, first match wins:
+//! 1. `export.service_names` entry for its comm or executable name;
+//! 2. `--service-name` / `export.service_name` / `OTEL_SERVICE_NAME` /
+//!    `service.name` in `OTEL_RESOURCE_ATTRIBUTES` (one name for all);
+//! 3. `OTEL_SERVICE_NAME` in the traced process's own environment, so the
+//!    spans land next to the ones the server's SDK (if any) reports;
+//! 4. its comm (what `ps` shows; servers set it with setproctitle).
+//!
+//! Metrics use a per-service resource without `process.pid`: cumulative
+//! series must survive restarts of the server process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+
+/// `service.name` of the agent's own (self-)metrics.
+pub const AGENT_SERVICE_NAME: &str = "tokentrace";
+/// Processes remembered; past it the cache starts over (pids are reused,
+/// and a long-running agent must not grow with every pid it ever saw).
+const MAX_CACHED_PROCESSES: usize = 4096;
+/// Most bytes of `/proc/PID/environ` read when looking for
+/// `OTEL_SERVICE_NAME`.
+const MAX_ENVIRON_BYTES: usize = 256 * 1024;
+
+fn kv(key: &str, value: any_value::Value) -> KeyValue {
+    KeyValue {
+        key: key.to_string(),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
+    }
+}
+
+/// A string attribute.
+pub fn kv_str(key: &str, value: impl Into<String>) -> KeyValue {
+    kv(key, any_value::Value::StringValue(value.into()))
+}
+
+/// An integer attribute.
+pub fn kv_int(key: &str, value: i64) -> KeyValue {
+    kv(key, any_value::Value::IntValue(value))
+}
+
+/// A floating-point attribute.
+pub fn kv_f64(key: &str, value: f64) -> KeyValue {
+    kv(key, any_value::Value::DoubleValue(value))
+}
+
+/// A boolean attribute.
+pub fn kv_bool(key: &str, value: bool) -> KeyValue {
+    kv(key, any_value::Value::BoolValue(value))
+}
+
+/// How resources are named: the user's settings plus the host name.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ResourceRules {
+    /// One `service.name` for every traced process (rule 2 above).
+    pub service_name: Option<String>,
+    /// comm or executable name → `service.name` (rule 1).
+    pub service_names: BTreeMap<String, String>,
+    /// Added to every resource, traced processes' and the agent's.
+    pub attributes: Vec<(String, String)>,
+    pub host_name: String,
+}
+
+/// What the resource of one traced process is made of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub comm: String,
+    /// File name of `/proc/PID/exe`, when readable.
+    pub executable: Option<String>,
+    /// `OTEL_SERVICE_NAME` from the process's environment, when set.
+    pub env_service_name: Option<String>,
+}
+
+impl ProcessInfo {
+    /// Reads the executable and environment of `pid` under `proc_root`
+    /// (`/proc`). A process that is gone, or unreadable, still gets a
+    /// resource from its pid and comm.
+    pub fn read(proc_root: &Path, pid: u32, comm: &str) -> Self {
+        let dir = proc_root.join(pid.to_string());
+        let executable = std::fs::read_link(dir.join("exe"))
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            // a replaced binary reads as "name (deleted)"
+            .map(|n| n.trim_end_matches(" (deleted)").to_string());
+        let env_service_name = read_bounded(&dir.join("environ"), MAX_ENVIRON_BYTES)
+            .and_then(|raw| env_value(&raw, "OTEL_SERVICE_NAME"));
+        Self {
+            pid,
+            comm: comm.to_string(),
+            executable,
+            env_service_name,
+        }
+    }
+}
+
+fn read_bounded(path: &Path, max: usize) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let file = std::fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    file.take(max as u64).read_to_end(&mut buf).ok()?;
+    Some(buf)
+}
+
+/// The value of `key` in a NUL-separated environment block. Only this one
+/// variable is ever looked at: the rest of a process's environment (tokens,
+/// passwords) is never kept or logged.
+fn env_value(environ: &[u8], key: &str) -> Option<String> {
+    environ.split(|&b| b == 0).find_map(|entry| {
+        let rest = entry.strip_prefix(key.as_bytes())?.strip_prefix(b"=")?;
+        let value = std::str::from_utf8(rest).ok()?.trim();
+        (!value.is_empty()).then(|| value.to_string())
+    })
+}
+
+impl ResourceRules {
+    /// `service.name` of a traced process (see the module doc for the order).
+    pub fn service_name(&self, info: &ProcessInfo) -> String {
+        let mapped = self.service_names.get(&info.comm).or_else(|| {
+            info.executable
+                .as_ref()
+                .and_then(|e| self.service_names.get(e))
+        });
+        mapped
+            .or(self.service_name.as_ref())
+            .or(info.env_service_name.as_ref())
+            .cloned()
+            .unwrap_or_else(|| info.comm.clone())
+    }
+
+    fn common(&self, service: String) -> Vec<KeyValue> {
+        let mut attrs = vec![kv_str("service.name", service)];
+        if !self.host_name.is_empty() {
+            attrs.push(kv_str("host.name", self.host_name.clone()));
+        }
+        for (k, v) in &self.attributes {
+            if k != "service.name" {
+                attrs.push(kv_str(k, v.clone()));
+            }
+        }
+        attrs
+    }
+
+    /// The resource of a traced process's spans.
+    pub fn process_resource(&self, info: &ProcessInfo) -> Resource {
+        let mut attrs = self.common(self.service_name(info));
+        attrs.push(kv_int("process.pid", i64::from(info.pid)));
+        if let Some(exe) = &info.executable {
+            attrs.push(kv_str("process.executable.name", exe.clone()));
+        }
+        attrs.push(kv_str("process.command", info.comm.clone()));
+        Resource {
+            attributes: attrs,
+            ..Default::default()
+        }
+    }
+
+    /// The resource of a service's metrics (no pid: see the module doc).
+    pub fn service_resource(&self, service: &str) -> Resource {
+        Resource {
+            attributes: self.common(service.to_string()),
+            ..Default::default()
+        }
+    }
+
+    /// The resource of the agent's self-metrics.
+    pub fn agent_resource(&self) -> Resource {
+        let mut attrs = self.common(AGENT_SERVICE_NAME.to_string());
+        attrs.push(kv_int("process.pid", i64::from(std::process::id())));
+        attrs.push(kv_str("service.version", env!("CARGO_PKG_VERSION")));
+        Resource {
+            attributes: attrs,
+            ..Default::default()
+        }
+    }
+}
+
+/// Process resources by pid, each built once. A pid whose comm changed
+/// (exec, or pid reuse) is looked up again.
+#[derive(Debug)]
+pub struct ResourceCache {
+    rules: ResourceRules,
+    proc_root: PathBuf,
+    by_pid: HashMap<u32, (String, CachedProcess)>,
+}
+
+/// A traced process's resource and the service it maps to.
+#[derive(Debug, Clone)]
+pub struct CachedProcess {
+    pub service: String,
+    /// Shared by every queued span batch of this process.
+    pub resource: Arc<Resource>,
+}
+
+impl ResourceCache {
+    pub fn new(rules: ResourceRules, proc_root: PathBuf) -> Self {
+        Self {
+            rules,
+            proc_root,
+            by_pid: HashMap::new(),
+        }
+    }
+
+    pub fn get(&mut self, pid: u32, comm: &str) -> &CachedProcess {
+        let stale = self.by_pid.get(&pid).is_none_or(|(c, _)| c != comm);
+        if stale {
+            if self.by_pid.len() >= MAX_CACHED_PROCESSES {
+                self.by_pid.clear();
+            }
+            let info = ProcessInfo::read(&self.proc_root, pid, comm);
+            let entry = CachedProcess {
+                service: self.rules.service_name(&info),
+                resource: Arc::new(self.rules.process_resource(&info)),
+            };
+            self.by_pid.insert(pid, (comm.to_string(), entry));
+        }
+        &self.by_pid[&pid].1
+    }
+}
+
+/// Parses `OTEL_RESOURCE_ATTRIBUTES` (`key1=value1,key2=value2`, values
+/// percent-decoded). Errors name the offending entry.
+pub fn parse_resource_attributes(s: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (k, v) = entry
+            .split_once('=')
+            .ok_or_else(|| format!("{entry:?} is not key=value"))?;
+        let key = k.trim();
+        if key.is_empty() {
+            return Err(format!("{entry:?} has an empty key"));
+        }
+        let value =
+            percent_decode(v.trim()).ok_or_else(|| format!("{entry:?} has a bad %-escape"))?;
+        out.push((key.to_string(), value));
+    }
+    Ok(out)
+}
+
+/// Decodes `%XX` escapes (the W3C Baggage value encoding the OTel spec
+/// uses for these variables).
+pub fn percent_decode(s: &str) -> Option<String> {
+    let raw = s.as_bytes();
+    let mut out = Vec::with_capacity(raw.len());
+    let mut i = 0;
+    while i < raw.len() {
+        if raw[i] == b'%' {
+            let hex = s.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(raw[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// This host's name, for `host.name`.
+pub fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attr<'a>(r: &'a Resource, key: &str) -> Option<&'a any_value::Value> {
+        r.attributes
+            .iter()
+            .find(|kv| kv.key == key)
+            .and_then(|kv| kv.value.as_ref()?.value.as_ref())
+    }
+
+    fn info(comm: &str, exe: Option<&str>, env: Option<&str>) -> ProcessInfo {
+        ProcessInfo {
+            pid: 42,
+            comm: comm.into(),
+            executable: exe.map(Into::into),
+            env_service_name: env.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn service_name_precedence() {
+        let mut rules = ResourceRules {
+            host_name: "h".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            rules.service_name(&info("python3", Some("python3.11"), None)),
+            "python3"
+        );
+        assert_eq!(
+            rules.service_name(&info("python3", None, Some("chat-api"))),
+            "chat-api"
+        );
+        rules.service_name = Some("llm".into());
+        assert_eq!(
+            rules.service_name(&info("python3", None, Some("chat-api"))),
+            "llm"
+        );
+        rules
+            .service_names
+            .insert("python3.11".into(), "vllm".into());
+        assert_eq!(
+            rules.service_name(&info("python3", Some("python3.11"), None)),
+            "vllm"
+        );
+        rules
+            .service_names
+            .insert("python3".into(), "by-comm".into());
+        assert_eq!(
+            rules.service_name(&info("python3", Some("python3.11"), None)),
+            "by-comm"
+        );
+    }
+
+    #[test]
+    fn process_resource_has_the_semconv_attributes() {
+        let rules = ResourceRules {
+            host_name: "node-1".into(),
+            attributes: vec![
+                ("deployment.environment".into(), "prod".into()),
+                ("service.name".into(), "x".into()),
+            ],
+            ..Default::default()
+        };
+        let r = rules.process_resource(&info("uvicorn", Some("python3.11"), None));
+        assert_eq!(
+            attr(&r, "service.name"),
+            Some(&any_value::Value::StringValue("uvicorn".into()))
+        );
+        assert_eq!(
+            attr(&r, "process.pid"),
+            Some(&any_value::Value::IntValue(42))
+        );
+        assert_eq!(
+            attr(&r, "process.executable.name"),
+            Some(&any_value::Value::StringValue("python3.11".into()))
+        );
+        assert_eq!(
+            attr(&r, "host.name"),
+            Some(&any_value::Value::StringValue("node-1".into()))
+        );
+        assert_eq!(
+            attr(&r, "deployment.environment"),
+            Some(&any_value::Value::StringValue("prod".into()))
+        );
+        let names = r
+            .attributes
+            .iter()
+            .filter(|kv| kv.key == "service.name")
+            .count();
+        assert_eq!(
+            names, 1,
+            "service.name from the attribute list must not duplicate the key"
+        );
+        let m = rules.service_resource("uvicorn");
+        assert_eq!(attr(&m, "process.pid"), None);
+        let a = rules.agent_resource();
+        assert_eq!(
+            attr(&a, "service.name"),
+            Some(&any_value::Value::StringValue("tokentrace".into()))
+        );
+    }
+
+    #[test]
+    fn reads_exe_and_only_otel_service_name_from_proc() {
+        let dir = std::env::temp_dir().join(format!("tokentrace-proc-{}", std::process::id()));
+        let pdir = dir.join("77");
+        std::fs::create_dir_all(&pdir).expect("tmp dir");
+        std::fs::write(
+            pdir.join("environ"),
+            b"SECRET=x\0OTEL_SERVICE_NAME=chat-api\0HOME=/\0",
+        )
+        .expect("write");
+        let _ = std::fs::remove_file(pdir.join("exe"));
+        std::os::unix::fs::symlink("/usr/bin/python3.11", pdir.join("exe")).expect("symlink");
+        let got = ProcessInfo::read(&dir, 77, "python3");
+        assert_eq!(got.executable.as_deref(), Some("python3.11"));
+        assert_eq!(got.env_service_name.as_deref(), Some("chat-api"));
+        let gone = ProcessInfo::read(&dir, 78, "python3");
+        assert_eq!(gone, info("python3", None, None).with_pid(78));
+
+        let mut cache = ResourceCache::new(ResourceRules::default(), dir.clone());
+        assert_eq!(cache.get(77, "python3").service, "chat-api");
+        std::fs::write(pdir.join("environ"), b"OTEL_SERVICE_NAME=renamed\0").expect("write");
+        assert_eq!(
+            cache.get(77, "python3").service,
+            "chat-api",
+            "cached while comm is unchanged"
+        );
+        assert_eq!(
+            cache.get(77, "vllm").service,
+            "renamed",
+            "a new comm is looked up again"
+        );
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    impl ProcessInfo {
+        fn with_pid(mut self, pid: u32) -> Self {
+            self.pid = pid;
+            self
+        }
+    }
+
+    #[test]
+    fn parses_otel_resource_attributes() {
+        let got =
+            parse_resource_attributes("k8s.namespace.name=llm, team=a%2Cb ,,x=").expect("valid");
+        assert_eq!(
+            got,
+            vec![
+                ("k8s.namespace.name".to_string(), "llm".to_string()),
+                ("team".to_string(), "a,b".to_string()),
+                ("x".to_string(), String::new()),
+            ]
+        );
+        assert!(parse_resource_attributes("novalue")
+            .expect_err("no =")
+            .contains("novalue"));
+        assert!(parse_resource_attributes("=v").is_err());
+        assert!(parse_resource_attributes("k=%zz").is_err());
+        assert_eq!(percent_decode("a%20b"), Some("a b".into()));
+    }
+}

@@ -1,0 +1,399 @@
+//! Request timeline → OTLP spans. Pure: no I/O, no clock reads.
+//!
+//! One SERVER span per request, from the first request byte to the write
+//! that completed the response (or the abort), with child INTERNAL spans for
+//! the phases the kernel lets us see:
+//!
+//! ```text
+//! POST /v1/chat/completions   |----------------------------------------|
+//!   read request              |--|
+//!   wait for first token         |-------|
+//!   stream                               |-------------------------------|
+//! ```
+//!
+//! The numbers on the span (`tokentrace.*`) are computed by the same code
+//! as `--output json` ([`JsonTimeline`]), so a backend and the JSON lines
+//! never disagree. Payload text never appears: only lengths, counts, times,
+//! and the model / response id fields the stitcher extracted.
+//!
+//! Sampling follows the caller (parent-based, like an SDK's default
+//! sampler): a `traceparent` with the sampled flag clear yields no spans,
+//! since the rest of that trace is not recorded either.
+
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::{Span, Status};
+use serde::Serialize;
+
+use super::clock::WallClock;
+use super::context::{IdGenerator, RemoteParent};
+use super::resource::{kv_bool, kv_f64, kv_int, kv_str};
+use crate::event::MonoNs;
+use crate::output::{ms, JsonTimeline};
+use crate::stitch::RequestTimeline;
+
+/// `SpanFlags`: the span's flags say whether its parent is remote.
+const FLAG_HAS_IS_REMOTE: u32 = 0x100;
+/// `SpanFlags`: the parent span lives in another process.
+const FLAG_IS_REMOTE: u32 = 0x200;
+/// W3C "sampled" trace flag.
+const SAMPLED: u8 = 0x01;
+
+/// What goes into spans besides the fixed attributes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SpanSettings {
+    /// An inter-token gap at least this long becomes a `tokentrace.stall`
+    /// event. 0 disables stall events.
+    pub stall_threshold_ns: u64,
+    /// One `tokentrace.chunk` event per emitted chunk (can be thousands).
+    pub chunk_events: bool,
+    /// Most events on one span; the rest are counted as dropped.
+    pub max_events: usize,
+}
+
+/// `gen_ai.operation.name` from the request path, for the OpenAI-, Anthropic-,
+/// TGI-, llama.cpp- and Ollama-style endpoints; `None` for anything else.
+pub fn operation_name(path: &str) -> Option<&'static str> {
+    let path = path
+        .split(['?', '#'])
+        .next()
+        .unwrap_or(path)
+        .trim_end_matches('/');
+    const CHAT: &[&str] = &[
+        "/chat/completions",
+        "/api/chat",
+        "/v1/messages",
+        "/v1/responses",
+    ];
+    const TEXT: &[&str] = &[
+        "/completions",
+        "/completion",
+        "/generate",
+        "/generate_stream",
+        "/api/generate",
+    ];
+    const EMBED: &[&str] = &["/embeddings", "/api/embed", "/api/embeddings"];
+    if CHAT.iter().any(|s| path.ends_with(s)) {
+        Some("chat")
+    } else if TEXT.iter().any(|s| path.ends_with(s)) {
+        Some("text_completion")
+    } else if EMBED.iter().any(|s| path.ends_with(s)) {
+        Some("embeddings")
+    } else {
+        None
+    }
+}
+
+/// The snake_case name serde gives an enum value (the JSON output's).
+fn snake<T: Serialize>(value: &T) -> Option<String> {
+    serde_json::to_value(value)
+        .ok()?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Monotonic time of the first token (first SSE event, or first body byte).
+pub fn first_token(t: &RequestTimeline) -> Option<MonoNs> {
+    t.ttft_ns().map(|ttft| t.request_start.saturating_add(ttft))
+}
+
+/// `error.type` of a request: why it was aborted, or its 5xx status.
+pub fn error_type(t: &RequestTimeline) -> Option<String> {
+    if t.aborted {
+        return Some(
+            t.abort_reason
+                .and_then(|r| snake(&r))
+                .unwrap_or_else(|| "aborted".into()),
+        );
+    }
+    t.status.filter(|s| *s >= 500).map(|s| s.to_string())
+}
+
+struct Ctx<'a> {
+    clock: &'a WallClock,
+    trace_id: Vec<u8>,
+    trace_state: String,
+    trace_flags: u32,
+}
+
+impl Ctx<'_> {
+    fn span(
+        &self,
+        span_id: [u8; 8],
+        parent: Vec<u8>,
+        name: &str,
+        kind: SpanKind,
+        start: MonoNs,
+        end: MonoNs,
+    ) -> Span {
+        Span {
+            trace_id: self.trace_id.clone(),
+            span_id: span_id.to_vec(),
+            trace_state: self.trace_state.clone(),
+            parent_span_id: parent,
+            flags: self.trace_flags | FLAG_HAS_IS_REMOTE,
+            name: name.to_string(),
+            kind: kind as i32,
+            start_time_unix_nano: self.clock.unix_nanos(start),
+            end_time_unix_nano: self.clock.unix_nanos(end.max(start)),
+            ..Default::default()
+        }
+    }
+}
+
+/// The spans of one finished request: the server span first, then its
+/// phases. Empty when the caller's trace is not sampled.
+pub fn timeline_spans(
+    t: &RequestTimeline,
+    clock: &WallClock,
+    ids: &mut IdGenerator,
+    settings: &SpanSettings,
+) -> Vec<Span> {
+    let parent = t
+        .traceparent
+        .as_deref()
+        .and_then(|tp| RemoteParent::parse(tp, t.tracestate.as_deref()));
+    if parent.as_ref().is_some_and(|p| !p.sampled()) {
+        return Vec::new();
+    }
+    let (trace_id, parent_id, trace_state, trace_flags) = match &parent {
+        Some(p) => (
+            p.trace_id.to_vec(),
+            p.span_id.to_vec(),
+            p.tracestate.clone().unwrap_or_default(),
+            u32::from(p.flags),
+        ),
+        None => (
+            ids.trace_id().to_vec(),
+            Vec::new(),
+            String::new(),
+            u32::from(SAMPLED),
+        ),
+    };
+    let ctx = Ctx {
+        clock,
+        trace_id,
+        trace_state,
+        trace_flags,
+    };
+
+    let server_id = ids.span_id();
+    let route = t.path.split(['?', '#']).next().unwrap_or_default();
+    let name = if route.is_empty() {
+        t.method.clone()
+    } else {
+        format!("{} {route}", t.method)
+    };
+    let mut server = ctx.span(
+        server_id,
+        parent_id,
+        &name,
+        SpanKind::Server,
+        t.request_start,
+        t.end,
+    );
+    if parent.is_some() {
+        server.flags |= FLAG_IS_REMOTE;
+    }
+    server.attributes = server_attributes(t);
+    let (events, dropped) = events(t, clock, settings);
+    server.events = events;
+    server.dropped_events_count = dropped;
+    if let Some(error) = error_type(t) {
+        server.status = Some(Status {
+            code: StatusCode::Error as i32,
+            message: error,
+        });
+    }
+
+    let mut spans = vec![server];
+    let parent = server_id.to_vec();
+    if t.request_end > t.request_start {
+        spans.push(ctx.span(
+            ids.span_id(),
+            parent.clone(),
+            "read request",
+            SpanKind::Internal,
+            t.request_start,
+            t.request_end,
+        ));
+    }
+    let first = first_token(t);
+    let wait_end = first.unwrap_or(t.end);
+    if wait_end > t.request_end {
+        spans.push(ctx.span(
+            ids.span_id(),
+            parent.clone(),
+            "wait for first token",
+            SpanKind::Internal,
+            t.request_end,
+            wait_end,
+        ));
+    }
+    if let Some(first) = first.filter(|&f| t.end > f) {
+        let phase = if t.is_stream() {
+            "stream"
+        } else {
+            "write response"
+        };
+        spans.push(ctx.span(
+            ids.span_id(),
+            parent,
+            phase,
+            SpanKind::Internal,
+            first,
+            t.end,
+        ));
+    }
+    spans
+}
+
+fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
+    let j = JsonTimeline::new(t);
+    let route = t.path.split(['?', '#']).next().unwrap_or_default();
+    let mut a = vec![
+        kv_str("http.request.method", t.method.clone()),
+        kv_str("url.path", route),
+        kv_str("network.protocol.name", "http"),
+        kv_str("network.protocol.version", "1.1"),
+        kv_str("network.transport", "tcp"),
+    ];
+    if let Some(status) = t.status {
+        a.push(kv_int("http.response.status_code", i64::from(status)));
+    }
+    if let Some(addrs) = t.addrs {
+        a.push(kv_str("server.address", addrs.local.ip().to_string()));
+        a.push(kv_int("server.port", i64::from(addrs.local.port())));
+        a.push(kv_str("client.address", addrs.remote.ip().to_string()));
+        a.push(kv_int("client.port", i64::from(addrs.remote.port())));
+    }
+    if let Some(error) = error_type(t) {
+        a.push(kv_str("error.type", error));
+    }
+    if let Some(op) = operation_name(&t.path) {
+        a.push(kv_str("gen_ai.operation.name", op));
+    }
+    if let Some(model) = &t.model {
+        a.push(kv_str("gen_ai.request.model", model.clone()));
+    }
+    if let Some(id) = &t.response_id {
+        a.push(kv_str("gen_ai.response.id", id.clone()));
+    }
+    if let Some(usage) = t.usage {
+        if let Some(n) = usage.prompt_tokens {
+            a.push(kv_int(
+                "gen_ai.usage.input_tokens",
+                i64::try_from(n).unwrap_or(i64::MAX),
+            ));
+        }
+        if let Some(n) = usage.completion_tokens {
+            a.push(kv_int(
+                "gen_ai.usage.output_tokens",
+                i64::try_from(n).unwrap_or(i64::MAX),
+            ));
+        }
+    }
+    if let Some(v) = j.ttft_ms {
+        a.push(kv_f64("tokentrace.ttft_ms", v));
+    }
+    a.push(kv_f64("tokentrace.e2e_ms", j.e2e_ms));
+    a.push(kv_f64("tokentrace.request_read_ms", j.request_read_ms));
+    for (key, v) in [
+        ("tokentrace.itl_p50_ms", j.itl_p50_ms),
+        ("tokentrace.itl_p95_ms", j.itl_p95_ms),
+        ("tokentrace.itl_max_ms", j.itl_max_ms),
+        ("tokentrace.tpot_ms", j.tpot_ms),
+    ] {
+        if let Some(v) = v {
+            a.push(kv_f64(key, v));
+        }
+    }
+    a.push(kv_int(
+        "tokentrace.chunks",
+        i64::try_from(j.chunks).unwrap_or(i64::MAX),
+    ));
+    a.push(kv_bool("tokentrace.stream", j.stream));
+    if let Some(body) = j.body.as_ref().and_then(snake) {
+        a.push(kv_str("tokentrace.body", body));
+    }
+    a.push(kv_bool("tokentrace.done", j.done));
+    a.push(kv_bool("tokentrace.aborted", j.aborted));
+    if let Some(reason) = j.abort_reason.as_ref().and_then(snake) {
+        a.push(kv_str("tokentrace.abort_reason", reason));
+    }
+    a.push(kv_int(
+        "tokentrace.request_bytes",
+        i64::try_from(j.request_bytes).unwrap_or(i64::MAX),
+    ));
+    a.push(kv_int(
+        "tokentrace.response_bytes",
+        i64::try_from(j.response_bytes).unwrap_or(i64::MAX),
+    ));
+    if j.truncated_writes > 0 {
+        a.push(kv_int(
+            "tokentrace.truncated_writes",
+            i64::from(j.truncated_writes),
+        ));
+    }
+    a.push(kv_int("tokentrace.fd", i64::from(t.conn.fd)));
+    a
+}
+
+/// Stall events (and, opted in, one event per chunk), in time order, capped
+/// at `max_events`; returns the events and how many were dropped.
+fn events(t: &RequestTimeline, clock: &WallClock, settings: &SpanSettings) -> (Vec<Event>, u32) {
+    let mut all: Vec<(MonoNs, Event)> = Vec::new();
+    if settings.stall_threshold_ns > 0 {
+        for (i, w) in t.chunk_ts.windows(2).enumerate() {
+            let gap = w[1].saturating_sub(w[0]);
+            if gap >= settings.stall_threshold_ns {
+                let attributes = vec![
+                    kv_f64("tokentrace.stall_ms", ms(gap)),
+                    kv_int(
+                        "tokentrace.chunk_index",
+                        i64::try_from(i + 1).unwrap_or(i64::MAX),
+                    ),
+                ];
+                all.push((
+                    w[0],
+                    Event {
+                        name: "tokentrace.stall".into(),
+                        attributes,
+                        ..Default::default()
+                    },
+                ));
+            }
+        }
+    }
+    if settings.chunk_events {
+        for (i, &ts) in t.chunk_ts.iter().enumerate() {
+            let attributes = vec![kv_int(
+                "tokentrace.chunk_index",
+                i64::try_from(i).unwrap_or(i64::MAX),
+            )];
+            all.push((
+                ts,
+                Event {
+                    name: "tokentrace.chunk".into(),
+                    attributes,
+                    ..Default::default()
+                },
+            ));
+        }
+    }
+    all.sort_by_key(|(ts, _)| *ts);
+    let dropped = u32::try_from(all.len().saturating_sub(settings.max_events)).unwrap_or(u32::MAX);
+    all.truncate(settings.max_events);
+    let events = all
+        .into_iter()
+        .map(|(ts, mut e)| {
+            e.time_unix_nano = clock.unix_nanos(ts);
+            e
+        })
+        .collect();
+    (events, dropped)
+}
+
+#[cfg(test)]
+mod tests;
