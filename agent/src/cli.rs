@@ -76,4 +76,8 @@ pub struct RunArgs {
     /// Payload bytes captured per syscall (overrides capture.bytes).
     #[arg(long, env = "TOKENTRACE_CAPTURE_BYTES")]
     pub capture_bytes: Option<u32>,
+
+    /// OTLP and Prometheus export (boxed to keep `Command` small).
+    #[command(flatten)]
+    pub export: Box<crate::export::ExportArgs>,
 }

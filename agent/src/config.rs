@@ -39,6 +39,8 @@ pub struct Config {
     pub stitch: StitchSection,
     #[serde(default)]
     pub discovery: DiscoveryConfig,
+    #[serde(default)]
+    pub export: crate::export::ExportConfig,
 }
 
 fn default_endpoints() -> Vec<String> {
@@ -90,6 +92,7 @@ impl Default for Config {
             endpoints: default_endpoints(),
             stitch: StitchSection::default(),
             discovery: DiscoveryConfig::default(),
+            export: crate::export::ExportConfig::default(),
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::config::Config;
 use crate::discover::tls::{TlsChange, TlsUsers};
 use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
+use crate::export::{AgentCounters, Exporter};
 use crate::ingest::{Ingest, ProbeCommand};
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
@@ -25,6 +26,8 @@ const PROC: &str = "/proc";
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Batches of events buffered between the ingest thread and stitching.
 const EVENT_CHANNEL_BATCHES: usize = 1024;
+/// How long queued spans and a last metrics push may take at exit.
+const EXPORT_GRACE: Duration = Duration::from_secs(5);
 
 /// The kernel's CLOCK_MONOTONIC, the clock of every event timestamp.
 pub fn monotonic_now() -> MonoNs {
@@ -145,6 +148,7 @@ struct Pipeline<'a> {
     printer: Printer,
     summary: RunSummary,
     probed: Probed<'a>,
+    exporter: Exporter,
     request_limit: Option<u64>,
     finished: Vec<RequestTimeline>,
 }
@@ -176,6 +180,7 @@ impl Pipeline<'_> {
                 continue;
             }
             self.summary.record(&timeline);
+            self.exporter.record(&timeline);
             if self.printer.print(&timeline).is_err() {
                 return Some(Stop::OutputClosed);
             }
@@ -187,6 +192,23 @@ impl Pipeline<'_> {
             }
         }
         None
+    }
+
+    /// The run's counters, for the exporter's self-metrics.
+    fn agent_counters(&self) -> AgentCounters {
+        let ingest = self.probed.ingest;
+        let kernel = ingest.kernel_counters.read().unwrap_or_default();
+        let stitch = self.stitcher.stats();
+        AgentCounters {
+            events_received: self.summary.events,
+            events_lost_kernel: kernel.ringbuf_drops + kernel.scratch_misses,
+            events_lost_agent: ingest.stats.channel_drops.load(Ordering::Relaxed),
+            decode_errors: ingest.stats.decode_errors.load(Ordering::Relaxed),
+            parse_errors: stitch.parse_errors,
+            truncated_writes: stitch.truncated_writes,
+            open_connections: self.stitcher.open_connections() as u64,
+            requests_reported: self.summary.requests(),
+        }
     }
 }
 
@@ -207,6 +229,9 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         config.capture.bytes = bytes;
     }
     config.validate()?;
+    let export = crate::export::resolve(&config.export, &args.export, &|k| std::env::var(k).ok())
+        .map_err(anyhow::Error::msg)?;
+    let exporter = Exporter::start(export).await.map_err(anyhow::Error::msg)?;
     ensure_tracefs()?;
     route_libbpf_logs();
 
@@ -260,6 +285,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         },
         summary: RunSummary::default(),
         probed,
+        exporter,
         request_limit: args.requests,
         finished: Vec::new(),
     };
@@ -283,6 +309,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
             },
             _ = sweep.tick() => {
                 pipeline.stitcher.expire_idle(monotonic_now(), idle_ns, &mut pipeline.finished);
+                pipeline.exporter.observe_agent(pipeline.agent_counters());
                 pipeline.report()
             }
             _ = until_deadline => Some(Stop::Duration),
@@ -301,11 +328,16 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
             .finish(monotonic_now(), &mut pipeline.finished);
         pipeline.report();
     }
+    pipeline.exporter.observe_agent(pipeline.agent_counters());
     let Pipeline {
         stitcher,
         mut summary,
+        exporter,
         ..
     } = pipeline;
+    if let Some(export) = exporter.shutdown(EXPORT_GRACE).await {
+        eprintln!("{export}");
+    }
     ingest.stop();
     let losses = ingest.kernel_counters.read().unwrap_or_default();
     summary.kernel_drops = losses.ringbuf_drops + losses.scratch_misses;

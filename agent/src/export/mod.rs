@@ -141,7 +141,7 @@ impl fmt::Display for ExportSummary {
         let c = &self.counters;
         write!(
             f,
-            "  export ({}): {} spans exported, {} dropped (queue full), {} dropped (export failed), {} not sampled, {} left in queue",
+            "tokentrace export ({}): {} spans exported, {} dropped (queue full), {} dropped (export failed), {} not sampled, {} left in queue",
             self.targets.join(", "),
             c.spans_exported,
             c.spans_dropped_queue_full,
