@@ -12,6 +12,7 @@ pub mod discover;
 pub mod event;
 pub mod export;
 pub mod ingest;
+pub mod k8s;
 pub mod output;
 pub mod probes;
 pub mod run;
