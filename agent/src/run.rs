@@ -207,7 +207,6 @@ impl Pipeline<'_> {
             parse_errors: stitch.parse_errors,
             truncated_writes: stitch.truncated_writes,
             open_connections: self.stitcher.open_connections() as u64,
-            requests_reported: self.summary.requests(),
         }
     }
 }

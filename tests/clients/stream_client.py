@@ -30,7 +30,11 @@ One JSON line per request on stdout:
    "ttft_ns", "e2e_ns", "aborted", "error",
    # extras:
    "worker", "seq", "body_kind", "content_type", "done_seen",
-   "t_first_byte_ns", "server_write_ns"}
+   "t_first_byte_ns", "server_write_ns", "traceparent", "t_send_unix_ns"}
+t_send_unix_ns is time.time_ns() (CLOCK_REALTIME) read right before t_send_ns:
+the client's own span starts there, as an OTel SDK would stamp it.
+--traceparent sends "traceparent: 00-<random trace id>-<random span id>-01"
+and "tracestate: tokentrace-test=1"; the record's "traceparent" holds it.
 server_write_ns[i] is the "x_mono_ns" the test servers put in SSE event i
 (null when absent). A reset / EOF / timeout mid-response gives aborted: true;
 the client never crashes on it and always exits 0.
@@ -38,6 +42,7 @@ the client never crashes on it and always exits 0.
 
 import argparse
 import json
+import secrets
 import socket
 import sys
 import threading
@@ -187,22 +192,27 @@ class SseParser:
                     self.has_data = True
 
 
-def build_request(method, target, host, port, body):
+def build_request(method, target, host, port, body, traceparent=None):
     head = [
         f"{method} {target} HTTP/1.1",
         f"Host: {host}:{port}",
         "User-Agent: tokentrace-stream-client/1",
         "Accept: text/event-stream, application/json, */*",
     ]
+    if traceparent is not None:
+        head.append(f"traceparent: {traceparent}")
+        head.append("tracestate: tokentrace-test=1")
     if body is not None:
         head.append("Content-Type: application/json")
         head.append(f"Content-Length: {len(body)}")
     return ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
 
 
-def do_request(conn, method, target, body):
+def do_request(conn, method, target, body, traceparent=None):
     rec = {
         "path": target,
+        "traceparent": traceparent,
+        "t_send_unix_ns": None,
         "status": None,
         "response_id": None,
         "chunks": 0,
@@ -225,7 +235,8 @@ def do_request(conn, method, target, body):
                 conn.connect()
             except OSError as e:
                 raise Aborted(f"connect: {e.__class__.__name__}: {e}")
-        req = build_request(method, target, conn.host, conn.port, body)
+        req = build_request(method, target, conn.host, conn.port, body, traceparent)
+        rec["t_send_unix_ns"] = time.time_ns()
         rec["t_send_ns"] = mono()
         try:
             conn.sock.sendall(req)
@@ -408,6 +419,8 @@ def main():
     ap.add_argument("--model", default="test-model")
     ap.add_argument("--rid-prefix", default="", help="prefix of the rid query value")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-recv timeout, seconds")
+    ap.add_argument("--traceparent", action="store_true",
+                    help="send a fresh sampled W3C traceparent (and a tracestate) with every request")
     args = ap.parse_args()
     # Arrival stamps are taken after recv() returns, which needs the GIL:
     # a short switch interval keeps one worker's parsing from delaying
@@ -451,7 +464,10 @@ def main():
             pass
         for seq in range(shares[w]):
             target = f"{args.path}{sep}rid={args.rid_prefix}{w}-{seq}"
-            rec = do_request(conn, method, target, body)
+            traceparent = None
+            if args.traceparent:
+                traceparent = f"00-{secrets.token_hex(16)}-{secrets.token_hex(8)}-01"
+            rec = do_request(conn, method, target, body, traceparent)
             rec["worker"], rec["seq"] = w, seq
             line = json.dumps(rec)
             with out_lock:

@@ -293,6 +293,13 @@ pub struct Agent {
 /// Starts `tokentrace run <args> --output json` and waits (60 s) for
 /// `tokentrace: ready` on its stderr.
 pub fn start_agent(args: &[String]) -> Agent {
+    start_agent_with_env(args, &[])
+}
+
+/// [`start_agent`] with extra environment variables. Inherited
+/// `TOKENTRACE_*` (but the log level) and `OTEL_*` variables are removed
+/// first, so a developer's or CI's environment cannot change what runs.
+pub fn start_agent_with_env(args: &[String], env: &[(&str, &str)]) -> Agent {
     let bin = agent_bin();
     let mut full: Vec<String> = vec!["run".into()];
     full.extend(args.iter().cloned());
@@ -303,10 +310,11 @@ pub fn start_agent(args: &[String]) -> Agent {
     // the CLI reads TOKENTRACE_* overrides: only the log level may leak in
     for (k, _) in std::env::vars_os() {
         let key = k.to_string_lossy();
-        if key.starts_with("TOKENTRACE_") && key != "TOKENTRACE_LOG" {
+        if (key.starts_with("TOKENTRACE_") && key != "TOKENTRACE_LOG") || key.starts_with("OTEL_") {
             cmd.env_remove(&k);
         }
     }
+    cmd.envs(env.iter().copied());
     let mut child = cmd
         .args(&full)
         .current_dir(repo_root())
@@ -599,6 +607,9 @@ pub struct ClientRun {
     pub crash_after: Option<u32>,
     pub sse_impl: Option<&'static str>,
     pub rid_prefix: String,
+    /// Send a fresh sampled W3C `traceparent` with every request (the
+    /// client reports it in its record).
+    pub traceparent: bool,
 }
 
 impl ClientRun {
@@ -614,6 +625,7 @@ impl ClientRun {
             crash_after: None,
             sse_impl: None,
             rid_prefix: prefix.to_string(),
+            traceparent: false,
         }
     }
 }
@@ -639,6 +651,9 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
         .args(["--rid-prefix", &run.rid_prefix]);
     if let Some(k) = run.crash_after {
         cmd.args(["--crash-after", &k.to_string()]);
+    }
+    if run.traceparent {
+        cmd.arg("--traceparent");
     }
     if let Some(s) = run.sse_impl {
         cmd.args(["--sse-impl", s]);

@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
 use super::metrics::{self_metrics, ExportCounters, Kind, Latency, Metrics};
-use super::resource::{kv_str, ResourceRules};
+use super::resource::{kv_int, kv_str, ResourceRules};
 
 /// The spans of one request and the resource of the process that served it.
 #[derive(Debug, Clone)]
@@ -89,10 +89,15 @@ pub fn metrics_request(
     let mut by_service: BTreeMap<&str, BTreeMap<Latency, Vec<HistogramDataPoint>>> =
         BTreeMap::new();
     for ((which, key), h) in &metrics.latency {
+        // semconv types the status code as an int (Prometheus labels are
+        // strings, hence the string form in `SeriesKey::attributes`)
         let attributes: Vec<KeyValue> = key
             .attributes()
             .into_iter()
-            .map(|(k, v)| kv_str(k, v))
+            .map(|(k, v)| match (k, key.status) {
+                ("http.response.status_code", Some(status)) => kv_int(k, i64::from(status)),
+                _ => kv_str(k, v),
+            })
             .collect();
         let point = HistogramDataPoint {
             attributes,
@@ -134,7 +139,7 @@ pub fn metrics_request(
         .collect();
 
     let mut own: Vec<Metric> = Vec::new();
-    for m in self_metrics(&metrics.agent, export) {
+    for m in self_metrics(metrics, export) {
         let point = NumberDataPoint {
             attributes: m.attributes.iter().map(|(k, v)| kv_str(k, *v)).collect(),
             start_time_unix_nano: start,
@@ -184,7 +189,6 @@ pub fn metrics_request(
 mod tests {
     use super::*;
     use crate::export::metrics::{AgentCounters, SeriesKey};
-    use crate::export::resource::kv_int;
 
     fn service_of(r: &ResourceMetrics) -> String {
         let kv = r
@@ -305,6 +309,7 @@ mod tests {
         assert_eq!(p.bucket_counts.len(), p.explicit_bounds.len() + 1);
         assert_eq!(a[0].unit, "s");
         let keys: Vec<&str> = p.attributes.iter().map(|kv| kv.key.as_str()).collect();
+        assert_eq!(p.attributes[2], kv_int("http.response.status_code", 200));
         assert_eq!(
             keys,
             vec![

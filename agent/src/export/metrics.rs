@@ -174,7 +174,6 @@ pub struct AgentCounters {
     pub parse_errors: u64,
     pub truncated_writes: u64,
     pub open_connections: u64,
-    pub requests_reported: u64,
 }
 
 /// Counters of the export path itself.
@@ -202,6 +201,8 @@ pub struct Metrics {
     /// Unix nanoseconds of the start of the cumulative period.
     pub start_unix_nano: u64,
     pub latency: BTreeMap<(Latency, SeriesKey), Histogram>,
+    /// Requests recorded (reported by the run loop).
+    pub requests: u64,
     pub agent: AgentCounters,
 }
 
@@ -212,6 +213,7 @@ impl Metrics {
             series: BTreeMap::new(),
             start_unix_nano,
             latency: BTreeMap::new(),
+            requests: 0,
             agent: AgentCounters::default(),
         }
     }
@@ -245,6 +247,7 @@ impl Metrics {
             error: error_type(t),
             overflow: false,
         };
+        self.requests += 1;
         let secs = |ns: u64| ns as f64 / 1e9;
         let e2e = t.e2e_ns();
         self.observe(Latency::RequestDuration, &key, secs(e2e));
@@ -284,7 +287,8 @@ pub struct SelfMetric {
 }
 
 /// The agent's self-metrics, in a fixed order.
-pub fn self_metrics(agent: &AgentCounters, export: &ExportCounters) -> Vec<SelfMetric> {
+pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetric> {
+    let agent = &metrics.agent;
     use Kind::{Counter, Gauge};
     let m =
         |otel_name, prom_name, help, kind, attributes: &[(&'static str, &'static str)], value| {
@@ -360,7 +364,7 @@ pub fn self_metrics(agent: &AgentCounters, export: &ExportCounters) -> Vec<SelfM
             "Requests reported",
             Counter,
             &[],
-            agent.requests_reported,
+            metrics.requests,
         ),
         m(
             "tokentrace.export.queue.length",

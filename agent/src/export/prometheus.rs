@@ -96,7 +96,7 @@ pub fn render(metrics: &Metrics, export: &ExportCounters) -> String {
         let _ = writeln!(out, "{name}_count{} {}", labels(&pairs), h.count);
     }
     let mut seen: Option<&str> = None;
-    for m in self_metrics(&metrics.agent, export) {
+    for m in self_metrics(metrics, export) {
         let name = match m.kind {
             Kind::Counter => format!("{}_total", m.prom_name),
             Kind::Gauge => m.prom_name.to_string(),

@@ -1,0 +1,1075 @@
+//! Root-only end-to-end tests of OpenTelemetry export: the real agent (real
+//! eBPF) traces a real streaming server and exports to a real OTLP
+//! collector, rotel (PyPI `rotel`, a Rust OpenTelemetry collector; `pip
+//! install rotel`). rotel receives over OTLP/gRPC and OTLP/HTTP and, with
+//! `--debug-log traces --debug-log metrics --debug-log-verbosity detailed`,
+//! prints every span and metric data point it decoded to stdout, which the
+//! test parses. Nothing on the receiving side is ours.
+//!
+//! Run (as root; CI does):
+//!   cargo test -p tokentrace --test otel_export -- --test-threads=1 --nocapture
+//!
+//! What is checked, per request (matched by the caller's trace id):
+//! * exactly one SERVER span, in the caller's trace, child of the caller's
+//!   span, with the HTTP / GenAI / tokentrace attributes, `tokentrace.ttft_ms`
+//!   equal to `--output json`'s `ttft_ms`, phase spans as its children;
+//! * the monotonic → wall conversion agrees with the client's own clocks
+//!   within 0.1 ms (measured: a few µs), and for sequential requests the span
+//!   starts within 1 ms of the client's own span (CLOCK_REALTIME just before
+//!   `send`) and ends within 1 ms of the client's last `recv` (p90; the
+//!   Python client's wake-up latency is the spread). Concurrent requests
+//!   wait in the server before it reads them: their spans rightly start
+//!   later, so only their conversion is checked;
+//! * Prometheus and OTLP histogram counts equal the number of requests;
+//! * with a dead backend, memory stays bounded, drops are counted, and spans
+//!   flow again once the backend is up.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+// ------------------------------------------------------------------ rotel
+
+/// A running rotel collector, killed on drop.
+struct Collector {
+    child: Child,
+    stdout: Arc<Mutex<Vec<String>>>,
+    grpc_port: u16,
+    http_port: u16,
+    pid_file: PathBuf,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free local port")
+}
+
+fn rotel_binary() -> PathBuf {
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
+        ])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
+    assert!(
+        out.status.success(),
+        "the rotel collector is not installed: `pip install rotel` (xtask deps and .ci/run install it); {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+impl Collector {
+    /// Starts rotel on the given ports and waits until both accept.
+    fn start(grpc_port: u16, http_port: u16) -> Collector {
+        let bin = rotel_binary();
+        let pid_file = std::env::temp_dir().join(format!(
+            "tokentrace-test-rotel-{}-{grpc_port}.pid",
+            std::process::id()
+        ));
+        let mut child = Command::new(&bin)
+            .args(["start", "--exporter", "blackhole"])
+            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc_port}")])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http_port}")])
+            .args([
+                "--debug-log",
+                "traces",
+                "--debug-log",
+                "metrics",
+                "--debug-log-verbosity",
+                "detailed",
+            ])
+            .args(["--batch-timeout", "50ms"])
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        for stream in [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let sink = Arc::clone(&stdout);
+            thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(l) = line else { break };
+                    if let Ok(mut v) = sink.lock() {
+                        v.push(l);
+                    }
+                }
+            });
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        for port in [grpc_port, http_port] {
+            while TcpStream::connect(("127.0.0.1", port)).is_err() {
+                if let Ok(Some(st)) = child.try_wait() {
+                    panic!(
+                        "rotel exited ({st}) before listening on {port}: {:?}",
+                        stdout.lock().map(|v| v.clone())
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "rotel is not listening on {port} after 20 s"
+                );
+                thread::sleep(Duration::from_millis(50));
+            }
+        }
+        eprintln!(
+            "[test] rotel ready: grpc {grpc_port}, http {http_port}, pid {}",
+            child.id()
+        );
+        Collector {
+            child,
+            stdout,
+            grpc_port,
+            http_port,
+            pid_file,
+        }
+    }
+
+    fn lines(&self) -> Vec<String> {
+        self.stdout.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+
+    fn spans(&self) -> Vec<RecvSpan> {
+        parse_spans(&self.lines())
+    }
+
+    /// Waits until every trace id in `traces` has a SERVER span.
+    fn wait_for_traces(&self, traces: &BTreeSet<String>, timeout: Duration) -> Vec<RecvSpan> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let spans = self.spans();
+            let seen: BTreeSet<String> = spans
+                .iter()
+                .filter(|s| s.kind == "SPAN_KIND_SERVER")
+                .map(|s| s.trace_id.clone())
+                .collect();
+            if traces.is_subset(&seen) || Instant::now() >= deadline {
+                return spans;
+            }
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.pid_file);
+        if thread::panicking() {
+            let lines = self.lines();
+            let start = lines.len().saturating_sub(40);
+            eprintln!(
+                "---- rotel output tail ----\n{}\n---- end rotel ----",
+                lines[start..].join("\n")
+            );
+        }
+    }
+}
+
+// ------------------------------------------------- rotel debug output parser
+
+/// One span as rotel printed it.
+#[derive(Debug, Clone, Default)]
+struct RecvSpan {
+    resource: BTreeMap<String, String>,
+    trace_id: String,
+    parent_id: String,
+    span_id: String,
+    name: String,
+    kind: String,
+    start: u64,
+    end: u64,
+    status_code: String,
+    attrs: BTreeMap<String, String>,
+    events: Vec<String>,
+}
+
+impl RecvSpan {
+    /// An attribute's value without its `Type(...)` wrapper.
+    fn attr(&self, key: &str) -> Option<&str> {
+        unwrap_value(self.attrs.get(key)?)
+    }
+
+    fn attr_f64(&self, key: &str) -> Option<f64> {
+        self.attr(key)?.parse().ok()
+    }
+
+    fn resource_attr(&self, key: &str) -> Option<&str> {
+        unwrap_value(self.resource.get(key)?)
+    }
+}
+
+/// `Str(x)` → `x`, `Double(1.5)` → `1.5`, ...
+fn unwrap_value(v: &str) -> Option<&str> {
+    let open = v.find('(')?;
+    v.strip_suffix(')').map(|s| &s[open + 1..])
+}
+
+/// `     -> key: Value` → (key, Value).
+fn arrow_pair(line: &str) -> Option<(String, String)> {
+    let rest = line.trim_start().strip_prefix("-> ")?;
+    let (k, v) = rest.split_once(": ")?;
+    Some((k.to_string(), v.to_string()))
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Section {
+    None,
+    Resource,
+    SpanAttrs,
+    Events,
+    Other,
+}
+
+fn parse_spans(lines: &[String]) -> Vec<RecvSpan> {
+    let mut spans: Vec<RecvSpan> = Vec::new();
+    let mut resource = BTreeMap::new();
+    let mut section = Section::None;
+    let mut in_spans = false;
+    for line in lines {
+        let t = line.trim();
+        if t.starts_with("ResourceSpans #") {
+            in_spans = true;
+            resource = BTreeMap::new();
+            section = Section::None;
+            continue;
+        }
+        if t.starts_with("ResourceMetrics #") || t.starts_with("ResourceLogs #") {
+            in_spans = false;
+            continue;
+        }
+        if !in_spans {
+            continue;
+        }
+        if t == "Resource attributes:" {
+            section = Section::Resource;
+            continue;
+        }
+        if t.starts_with("Span #") {
+            spans.push(RecvSpan {
+                resource: resource.clone(),
+                ..Default::default()
+            });
+            section = Section::Other;
+            continue;
+        }
+        if t == "Attributes:" {
+            section = Section::SpanAttrs;
+            continue;
+        }
+        if t == "Events:" || t.starts_with("SpanEvent #") {
+            section = Section::Events;
+            continue;
+        }
+        if let Some((k, v)) = arrow_pair(line) {
+            match section {
+                Section::Resource => {
+                    resource.insert(k, v);
+                }
+                Section::SpanAttrs => {
+                    if let Some(s) = spans.last_mut() {
+                        s.attrs.insert(k, v);
+                    }
+                }
+                Section::Events if k == "Name" => {
+                    if let Some(s) = spans.last_mut() {
+                        s.events.push(v);
+                    }
+                }
+                _ => {}
+            }
+            continue;
+        }
+        let Some(s) = spans.last_mut() else {
+            section = Section::Other;
+            continue;
+        };
+        section = Section::Other;
+        let field = |prefix: &str| {
+            t.strip_prefix(prefix)
+                .map(|r| r.trim_start_matches([' ', ':']).trim().to_string())
+        };
+        if let Some(v) = field("Trace ID") {
+            s.trace_id = v;
+        } else if let Some(v) = field("Parent ID") {
+            s.parent_id = v;
+        } else if let Some(v) = field("ID") {
+            s.span_id = v;
+        } else if let Some(v) = field("Name") {
+            s.name = v;
+        } else if let Some(v) = field("Kind") {
+            s.kind = v;
+        } else if let Some(v) = field("Start time") {
+            s.start = v.parse().unwrap_or(0);
+        } else if let Some(v) = field("End time") {
+            s.end = v.parse().unwrap_or(0);
+        } else if let Some(v) = field("Status code") {
+            s.status_code = v;
+        }
+    }
+    spans
+}
+
+/// Histogram counts of the latest OTLP metrics push that carried `service`:
+/// metric name → sum of its data points' counts.
+fn latest_otlp_histogram_counts(lines: &[String], service: &str) -> BTreeMap<String, u64> {
+    let mut latest = BTreeMap::new();
+    let mut current: BTreeMap<String, u64> = BTreeMap::new();
+    let mut in_service = false;
+    let mut in_resource = false;
+    let mut metric = String::new();
+    for line in lines {
+        let t = line.trim();
+        if t.starts_with("ResourceMetrics #") || t.starts_with("ResourceSpans #") {
+            if in_service && !current.is_empty() {
+                latest = std::mem::take(&mut current);
+            }
+            current.clear();
+            in_service = false;
+            in_resource = false;
+            continue;
+        }
+        if t == "Resource attributes:" {
+            in_resource = true;
+            continue;
+        }
+        if let Some((k, v)) = arrow_pair(line) {
+            if in_resource && k == "service.name" && unwrap_value(&v) == Some(service) {
+                in_service = true;
+            }
+            if k == "Name" {
+                metric = unwrap_value(&v).unwrap_or(&v).to_string();
+            }
+            continue;
+        }
+        in_resource = false;
+        if let Some(n) = t.strip_prefix("Count: ") {
+            if in_service {
+                *current.entry(metric.clone()).or_default() += n.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    if in_service && !current.is_empty() {
+        latest = current;
+    }
+    latest
+}
+
+// ------------------------------------------------------------ Prometheus
+
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port))
+        .unwrap_or_else(|e| panic!("metrics endpoint :{port}: {e}"));
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("timeout");
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read");
+    let (head, body) = text.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.1 200"),
+        "metrics endpoint answered {head:?}"
+    );
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// Sum of the samples of `name` whose labels contain every `label="value"`
+/// in `with`.
+fn prom_sum(text: &str, name: &str, with: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (metric, labels) = series.split_once('{').unwrap_or((series, ""));
+            (metric == name && with.iter().all(|w| labels.contains(w)))
+                .then(|| value.parse::<f64>().ok())?
+        })
+        .sum()
+}
+
+// ------------------------------------------------------------------ helpers
+
+fn trace_ids(traceparent: &str) -> (String, String) {
+    let parts: Vec<&str> = traceparent.split('-').collect();
+    assert_eq!(parts.len(), 4, "client traceparent {traceparent:?}");
+    (parts[1].to_string(), parts[2].to_string())
+}
+
+fn write_config(name: &str, yaml: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!(
+        "tokentrace-test-{}-{name}.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&path, yaml).expect("write the agent config");
+    path
+}
+
+fn agent_args(server_pid: u32, extra: &[String]) -> Vec<String> {
+    let mut args = Agent::for_pids(&[server_pid]);
+    args.extend(extra.iter().cloned());
+    args
+}
+
+fn quantile(v: &[f64], q: f64) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return f64::NAN;
+    }
+    s[((q * s.len() as f64).ceil() as usize).clamp(1, s.len()) - 1]
+}
+
+fn traced_runs(prefix: &str) -> Vec<ClientRun> {
+    let mut seq = ClientRun::sse(12, 1, &format!("{prefix}seq-"));
+    let mut conc = ClientRun::sse(8, 4, &format!("{prefix}conc-"));
+    seq.traceparent = true;
+    conc.traceparent = true;
+    vec![seq, conc]
+}
+
+/// Checks the exported spans of every client request against the client's
+/// record and the agent's JSON line. Returns the failures.
+fn check_spans(
+    client: &[ClientRecord],
+    agent_lines: &[Value],
+    spans: &[RecvSpan],
+    server_pid: u32,
+    service: &str,
+) -> Vec<String> {
+    let mut f = Vec::new();
+    let json = by_path(agent_lines);
+    let mut start_offsets = Vec::new();
+    let mut conversion = Vec::new();
+    let mut end_offsets = Vec::new();
+    for c in client {
+        let p = &c.path;
+        let Some(tp) = c.raw.get("traceparent").and_then(Value::as_str) else {
+            f.push(format!("{p}: the client sent no traceparent"));
+            continue;
+        };
+        let (trace, parent) = trace_ids(tp);
+        let servers: Vec<&RecvSpan> = spans
+            .iter()
+            .filter(|s| s.trace_id == trace && s.kind == "SPAN_KIND_SERVER")
+            .collect();
+        if servers.len() != 1 {
+            f.push(format!(
+                "{p}: {} server spans in trace {trace}, expected exactly one",
+                servers.len()
+            ));
+            continue;
+        }
+        let s = servers[0];
+        let Some(j) = json.get(p).and_then(|v| v.first()) else {
+            f.push(format!("{p}: no --output json line"));
+            continue;
+        };
+        let mut expect = |what: &str, got: Option<&str>, want: &str| {
+            if got != Some(want) {
+                f.push(format!("{p}: {what} is {got:?}, expected {want:?}"));
+            }
+        };
+        expect("parent span id", Some(&s.parent_id), &parent);
+        expect("span name", Some(&s.name), "POST /v1/chat/completions");
+        expect("service.name", s.resource_attr("service.name"), service);
+        expect(
+            "process.pid",
+            s.resource_attr("process.pid"),
+            &server_pid.to_string(),
+        );
+        expect("http.request.method", s.attr("http.request.method"), "POST");
+        expect(
+            "http.response.status_code",
+            s.attr("http.response.status_code"),
+            "200",
+        );
+        expect("url.path", s.attr("url.path"), "/v1/chat/completions");
+        expect(
+            "gen_ai.operation.name",
+            s.attr("gen_ai.operation.name"),
+            "chat",
+        );
+        expect(
+            "gen_ai.request.model",
+            s.attr("gen_ai.request.model"),
+            "test-model",
+        );
+        expect(
+            "gen_ai.response.id",
+            s.attr("gen_ai.response.id"),
+            c.response_id.as_deref().unwrap_or("<none>"),
+        );
+        expect(
+            "tokentrace.chunks",
+            s.attr("tokentrace.chunks"),
+            &c.chunks.to_string(),
+        );
+        expect("tokentrace.aborted", s.attr("tokentrace.aborted"), "false");
+        expect(
+            "server.port",
+            s.attr("server.port"),
+            j.get("local_addr")
+                .and_then(Value::as_str)
+                .and_then(|a| a.rsplit(':').next())
+                .unwrap_or("?"),
+        );
+        let ttft_json = j.get("ttft_ms").and_then(Value::as_f64);
+        if s.attr_f64("tokentrace.ttft_ms") != ttft_json || ttft_json.is_none() {
+            f.push(format!(
+                "{p}: span tokentrace.ttft_ms {:?} != --output json ttft_ms {ttft_json:?}",
+                s.attr("tokentrace.ttft_ms")
+            ));
+        }
+        for key in [
+            "tokentrace.itl_p50_ms",
+            "tokentrace.itl_p95_ms",
+            "tokentrace.itl_max_ms",
+            "tokentrace.e2e_ms",
+        ] {
+            let jkey = key.trim_start_matches("tokentrace.");
+            if s.attr_f64(key) != j.get(jkey).and_then(Value::as_f64) {
+                f.push(format!(
+                    "{p}: {key} {:?} != json {jkey} {:?}",
+                    s.attr(key),
+                    j.get(jkey)
+                ));
+            }
+        }
+        let children: Vec<&str> = spans
+            .iter()
+            .filter(|x| x.trace_id == trace && x.parent_id == s.span_id)
+            .map(|x| x.name.as_str())
+            .collect();
+        if !children.contains(&"wait for first token") || !children.contains(&"stream") {
+            f.push(format!(
+                "{p}: phase spans {children:?}, expected wait for first token and stream"
+            ));
+        }
+        // timing: the client's own span starts at t_send_unix_ns
+        let (Some(send_unix), Some(send_mono), Some(rs)) = (
+            c.raw.get("t_send_unix_ns").and_then(Value::as_u64),
+            c.t_send_ns,
+            j.get("request_start_ns").and_then(Value::as_u64),
+        ) else {
+            f.push(format!("{p}: missing client or agent timestamps"));
+            continue;
+        };
+        let start_ms = (s.start as f64 - send_unix as f64) / 1e6;
+        let mono_ms = (rs as f64 - send_mono as f64) / 1e6;
+        conversion.push(start_ms - mono_ms);
+        // Concurrent requests queue in the server before it reads them, so
+        // their server spans really do start later: alignment is judged on
+        // the sequential ones, conversion on all.
+        if p.contains("seq-") {
+            start_offsets.push(start_ms);
+            if let Some(e2e) = c.e2e_ns {
+                end_offsets.push((send_unix + e2e) as f64 / 1e6 - s.end as f64 / 1e6);
+            }
+            if !(-0.05..1.0).contains(&start_ms) {
+                f.push(format!(
+                    "{p}: span start - client send = {start_ms:.3} ms, outside [-0.05, 1) ms"
+                ));
+            }
+        }
+        if (start_ms - mono_ms).abs() >= 0.1 {
+            f.push(format!(
+                "{p}: wall-clock conversion off by {:.3} ms (span-start - send in wall time {start_ms:.3}, in monotonic time {mono_ms:.3})",
+                start_ms - mono_ms
+            ));
+        }
+    }
+    let q = |v: &[f64]| {
+        format!(
+            "p50 {:.3} p95 {:.3} max {:.3} ms (n={})",
+            quantile(v, 0.5),
+            quantile(v, 0.95),
+            quantile(v, 1.0),
+            v.len()
+        )
+    };
+    eprintln!(
+        "[test] sequential requests: span start - client send (wall): {}",
+        q(&start_offsets)
+    );
+    eprintln!(
+        "[test] conversion error (wall - monotonic): {}",
+        q(&conversion.iter().map(|x| x.abs()).collect::<Vec<_>>())
+    );
+    eprintln!(
+        "[test] sequential requests: client end - span end (wall): {}",
+        q(&end_offsets)
+    );
+    // the span ends at the entry of the last write; the client's last recv
+    // returns after it (wake-up latency of a Python thread on a busy box)
+    if quantile(&end_offsets, 0.9) >= 1.0 || end_offsets.iter().any(|&e| e < -0.05) {
+        f.push(format!(
+            "client end - span end: {} (want p90 < 1 ms and none below -0.05 ms)",
+            q(&end_offsets)
+        ));
+    }
+    f
+}
+
+fn assert_no_failures(title: &str, failures: &[String]) {
+    assert!(
+        failures.is_empty(),
+        "{title}: {} failure(s):\n  {}",
+        failures.len(),
+        failures
+            .iter()
+            .take(40)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+}
+
+// ------------------------------------------------------------------- tests
+
+#[test]
+fn root_otlp_grpc_spans_join_the_callers_trace_and_histograms_count_every_request() {
+    require_root("root_otlp_grpc_spans_join_the_callers_trace_and_histograms_count_every_request");
+    let collector = Collector::start(free_port(), free_port());
+    let server = start_server(ServerKind::FastApi, &[]);
+    let metrics_port = free_port();
+    let config = write_config(
+        "grpc",
+        "export:\n  metrics_interval: 1s\n  batch_timeout: 100ms\n",
+    );
+    let mut agent = start_agent(&agent_args(
+        server.pid(),
+        &[
+            "--config".into(),
+            config.display().to_string(),
+            "--otlp-endpoint".into(),
+            format!("http://127.0.0.1:{}", collector.grpc_port),
+            "--otlp-protocol".into(),
+            "grpc".into(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ],
+    ));
+
+    let mut client = Vec::new();
+    for run in traced_runs("grpc-") {
+        client.extend(run_client(server.port, &run));
+    }
+    let n = client.len();
+    let missing = agent.wait_for_paths(&paths(&client), Duration::from_secs(20));
+    assert!(missing.is_empty(), "the agent did not report {missing:?}");
+
+    // Prometheus: one observation per request in each histogram
+    let text = scrape(metrics_port);
+    let svc = "service_name=\"python3\"";
+    for (metric, want) in [
+        ("gen_ai_server_request_duration_seconds_count", n),
+        ("gen_ai_server_time_to_first_token_seconds_count", n),
+        ("gen_ai_server_time_per_output_token_seconds_count", n),
+    ] {
+        let got = prom_sum(
+            &text,
+            metric,
+            &[
+                svc,
+                "gen_ai_request_model=\"test-model\"",
+                "http_response_status_code=\"200\"",
+            ],
+        );
+        assert_eq!(
+            got, want as f64,
+            "{metric}: Prometheus count {got}, requests sent {want}\n{text}"
+        );
+    }
+    let inf = prom_sum(
+        &text,
+        "gen_ai_server_time_to_first_token_seconds_bucket",
+        &[svc, "le=\"+Inf\""],
+    );
+    assert_eq!(inf, n as f64, "+Inf bucket equals the count");
+    // every bucket holds exactly the requests whose --output json TTFT is
+    // at most its bound (the server sleeps 40 ms first: none below 0.03)
+    let ttfts: Vec<f64> = agent
+        .values()
+        .iter()
+        .filter_map(|v| v.get("ttft_ms").and_then(Value::as_f64))
+        .collect();
+    assert_eq!(ttfts.len(), n);
+    for le in ["0.03", "0.04", "0.05", "0.06", "0.08", "0.1", "0.25", "1"] {
+        let bound: f64 = le.parse().expect("bound");
+        let got = prom_sum(
+            &text,
+            "gen_ai_server_time_to_first_token_seconds_bucket",
+            &[svc, &format!("le=\"{le}\"")],
+        );
+        let want = ttfts.iter().filter(|t| **t / 1000.0 <= bound).count();
+        assert_eq!(
+            got, want as f64,
+            "TTFT bucket le={le}: {got}, JSON TTFTs at most {le} s: {want}"
+        );
+    }
+    assert_eq!(prom_sum(&text, "tokentrace_requests_total", &[]), n as f64);
+
+    // spans, in rotel
+    let traces: BTreeSet<String> = client
+        .iter()
+        .filter_map(|c| {
+            c.raw
+                .get("traceparent")
+                .and_then(Value::as_str)
+                .map(|tp| trace_ids(tp).0)
+        })
+        .collect();
+    assert_eq!(traces.len(), n, "one fresh trace per request");
+    let spans = collector.wait_for_traces(&traces, Duration::from_secs(20));
+    let failures = check_spans(&client, &agent.values(), &spans, server.pid(), "python3");
+
+    // OTLP metrics: the latest cumulative push counts every request
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let counts = loop {
+        let counts = latest_otlp_histogram_counts(&collector.lines(), "python3");
+        if counts.get("gen_ai.server.request.duration") == Some(&(n as u64))
+            || Instant::now() >= deadline
+        {
+            break counts;
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    for metric in [
+        "gen_ai.server.request.duration",
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+    ] {
+        assert_eq!(
+            counts.get(metric),
+            Some(&(n as u64)),
+            "OTLP {metric} count in rotel: {counts:?}"
+        );
+    }
+
+    let stop = agent.stop();
+    assert!(
+        stop.is_some_and(|s| s.success()),
+        "agent exit {stop:?}: {}",
+        agent.proc.stderr.tail(20)
+    );
+    let export_line = agent
+        .proc
+        .stderr
+        .lines()
+        .into_iter()
+        .find(|l| l.starts_with("tokentrace export"));
+    eprintln!("[test] {export_line:?}");
+    assert!(
+        export_line
+            .is_some_and(|l| l.contains("0 dropped (queue full), 0 dropped (export failed)")),
+        "{}",
+        agent.proc.stderr.tail(20)
+    );
+    let _ = std::fs::remove_file(config);
+    assert_no_failures("OTLP/gRPC spans", &failures);
+}
+
+#[test]
+fn root_otlp_http_protobuf_configured_by_otel_environment() {
+    require_root("root_otlp_http_protobuf_configured_by_otel_environment");
+    let collector = Collector::start(free_port(), free_port());
+    let server = start_server(ServerKind::Stdlib, &[]);
+    let endpoint = format!("http://127.0.0.1:{}", collector.http_port);
+    let mut agent = start_agent_with_env(
+        &Agent::for_pids(&[server.pid()]),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", &endpoint),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+            ("OTEL_SERVICE_NAME", "chat-api"),
+            (
+                "OTEL_RESOURCE_ATTRIBUTES",
+                "deployment.environment=ci,team=llm%20serving",
+            ),
+            ("OTEL_METRICS_EXPORTER", "none"),
+        ],
+    );
+    let mut run = ClientRun::sse(6, 1, "http-seq-");
+    run.traceparent = true;
+    let mut client = run_client(server.port, &run);
+    // one request without trace context starts a new trace of its own
+    let untraced = run_client(server.port, &ClientRun::sse(1, 1, "http-untraced-"));
+    let mut all = client.clone();
+    all.extend(untraced.iter().cloned());
+    let missing = agent.wait_for_paths(&paths(&all), Duration::from_secs(20));
+    assert!(missing.is_empty(), "the agent did not report {missing:?}");
+
+    let traces: BTreeSet<String> = client
+        .iter()
+        .filter_map(|c| {
+            c.raw
+                .get("traceparent")
+                .and_then(Value::as_str)
+                .map(|tp| trace_ids(tp).0)
+        })
+        .collect();
+    let spans = collector.wait_for_traces(&traces, Duration::from_secs(20));
+    let mut failures = check_spans(&client, &agent.values(), &spans, server.pid(), "chat-api");
+    for s in spans.iter().filter(|s| s.kind == "SPAN_KIND_SERVER") {
+        if s.resource_attr("deployment.environment") != Some("ci")
+            || s.resource_attr("team") != Some("llm serving")
+        {
+            failures.push(format!(
+                "resource of {} lacks OTEL_RESOURCE_ATTRIBUTES: {:?}",
+                s.trace_id, s.resource
+            ));
+        }
+    }
+    // the untraced request: a root server span (no parent) in a new trace
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let roots = loop {
+        let roots: Vec<RecvSpan> = collector
+            .spans()
+            .into_iter()
+            .filter(|s| {
+                s.kind == "SPAN_KIND_SERVER"
+                    && s.parent_id.is_empty()
+                    && !traces.contains(&s.trace_id)
+            })
+            .collect();
+        if !roots.is_empty() || Instant::now() >= deadline {
+            break roots;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    if roots.len() != 1 {
+        failures.push(format!(
+            "{} root server spans for the untraced request, expected 1",
+            roots.len()
+        ));
+    }
+    client.clear();
+    let stop = agent.stop();
+    assert!(stop.is_some_and(|s| s.success()), "agent exit {stop:?}");
+    assert!(
+        !collector
+            .lines()
+            .iter()
+            .any(|l| l.contains("ResourceMetrics")),
+        "OTEL_METRICS_EXPORTER=none must switch metric export off"
+    );
+    assert_no_failures("OTLP/HTTP spans", &failures);
+}
+
+/// Resident set size of a process, in KiB.
+fn rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
+#[test]
+fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
+    require_root("root_otlp_backend_down_memory_bounded_drops_counted_then_recovers");
+    const REQUESTS: u32 = 1000;
+    const TOKENS: u32 = 200;
+    let grpc_port = free_port();
+    let metrics_port = free_port();
+    let server = start_server(ServerKind::FastApi, &[]);
+    // a small queue, per-chunk events (about 30 KiB of span data per
+    // request: 30 MB for the run if nothing were dropped) and quick retries
+    let config = write_config(
+        "down",
+        "export:\n  queue_size: 64\n  batch_size: 32\n  batch_timeout: 50ms\n  chunk_events: true\n  max_span_events: 256\n  metrics_interval: 1s\n  retry:\n    initial_backoff: 200ms\n    max_backoff: 1s\n    max_elapsed: 3s\n",
+    );
+    let mut agent = start_agent(&agent_args(
+        server.pid(),
+        &[
+            "--config".into(),
+            config.display().to_string(),
+            "--otlp-endpoint".into(),
+            format!("http://127.0.0.1:{grpc_port}"),
+            "--otlp-protocol".into(),
+            "grpc".into(),
+            "--metrics-addr".into(),
+            format!("127.0.0.1:{metrics_port}"),
+        ],
+    ));
+    let agent_pid = agent.proc.pid();
+
+    // warm up (allocator arenas, connection tables), then measure
+    let mut warm = ClientRun::sse(50, 8, "warm-");
+    (warm.tokens, warm.token_delay_ms, warm.ttft_ms) = (TOKENS, 0.0, 0.0);
+    let mut sent = run_client(server.port, &warm);
+    let warm_missing = agent.wait_for_paths(&paths(&sent), Duration::from_secs(30));
+    assert!(
+        warm_missing.is_empty(),
+        "warm-up requests not reported: {}",
+        warm_missing.len()
+    );
+    let base = rss_kib(agent_pid).expect("agent RSS");
+
+    let sampling = Arc::new(Mutex::new((base, true)));
+    let sampler = {
+        let sampling = Arc::clone(&sampling);
+        thread::spawn(move || {
+            let mut queue_max = 0.0f64;
+            loop {
+                let Ok(mut s) = sampling.lock() else { break };
+                if !s.1 {
+                    break;
+                }
+                s.0 = s.0.max(rss_kib(agent_pid).unwrap_or(0));
+                drop(s);
+                if let Ok(mut c) = TcpStream::connect(("127.0.0.1", metrics_port)) {
+                    let _ = write!(
+                        c,
+                        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                    );
+                    let mut t = String::new();
+                    let _ = c.read_to_string(&mut t);
+                    queue_max = queue_max.max(prom_sum(&t, "tokentrace_export_queue_length", &[]));
+                }
+                thread::sleep(Duration::from_millis(100));
+            }
+            queue_max
+        })
+    };
+    let t0 = Instant::now();
+    let mut load = ClientRun::sse(REQUESTS, 8, "down-");
+    (load.tokens, load.token_delay_ms, load.ttft_ms) = (TOKENS, 0.0, 0.0);
+    let loaded = run_client(server.port, &load);
+    let missing = agent.wait_for_paths(&paths(&loaded), Duration::from_secs(60));
+    eprintln!(
+        "[test] {} streamed requests ({TOKENS} tokens) in {:.1} s",
+        loaded.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    if let Ok(mut s) = sampling.lock() {
+        s.1 = false;
+    }
+    let queue_max = sampler.join().expect("sampler");
+    let peak = sampling.lock().map(|s| s.0).unwrap_or(0);
+    sent.extend(loaded);
+    assert!(
+        missing.is_empty(),
+        "{} of {REQUESTS} requests not reported",
+        missing.len()
+    );
+
+    let text = scrape(metrics_port);
+    let dropped_full = prom_sum(
+        &text,
+        "tokentrace_spans_dropped_total",
+        &["reason=\"queue_full\""],
+    );
+    let dropped_failed = prom_sum(
+        &text,
+        "tokentrace_spans_dropped_total",
+        &["reason=\"export_failed\""],
+    );
+    let exported = prom_sum(&text, "tokentrace_spans_exported_total", &[]);
+    let queued = prom_sum(&text, "tokentrace_export_queue_length", &[]);
+    let capacity = prom_sum(&text, "tokentrace_export_queue_capacity", &[]);
+    let requests = prom_sum(&text, "tokentrace_requests_total", &[]);
+    let growth_mib = (peak.saturating_sub(base)) as f64 / 1024.0;
+    eprintln!(
+        "[test] backend down: RSS {:.1} MiB -> peak {:.1} MiB (+{growth_mib:.1} MiB); queue max {queue_max}/{capacity}; \
+         spans dropped: {dropped_full} queue full, {dropped_failed} export failed; exported {exported}; queued {queued}",
+        base as f64 / 1024.0,
+        peak as f64 / 1024.0
+    );
+    assert_eq!(
+        requests,
+        f64::from(REQUESTS + 50),
+        "every request is counted in the metrics"
+    );
+    assert_eq!(exported, 0.0, "nothing can be exported to a dead endpoint");
+    assert!(
+        dropped_full > 0.0,
+        "a full queue must drop and count spans\n{text}"
+    );
+    assert!(
+        dropped_failed > 0.0,
+        "batches given up on must be counted\n{text}"
+    );
+    assert!(
+        queue_max <= capacity && capacity == 64.0,
+        "queue length {queue_max} above capacity {capacity}"
+    );
+    assert!(
+        growth_mib < 16.0,
+        "agent RSS grew by {growth_mib:.1} MiB with a dead backend (bound: 16 MiB)"
+    );
+
+    // the backend comes up: new spans arrive
+    let collector = Collector::start(grpc_port, free_port());
+    let mut after = ClientRun::sse(10, 2, "after-");
+    after.traceparent = true;
+    let after_recs = run_client(server.port, &after);
+    let traces: BTreeSet<String> = after_recs
+        .iter()
+        .filter_map(|c| {
+            c.raw
+                .get("traceparent")
+                .and_then(Value::as_str)
+                .map(|tp| trace_ids(tp).0)
+        })
+        .collect();
+    let t_up = Instant::now();
+    let spans = collector.wait_for_traces(&traces, Duration::from_secs(30));
+    let seen: BTreeSet<String> = spans
+        .iter()
+        .filter(|s| s.kind == "SPAN_KIND_SERVER")
+        .map(|s| s.trace_id.clone())
+        .collect();
+    let arrived = traces.intersection(&seen).count();
+    eprintln!(
+        "[test] backend up: {arrived}/{} new traces arrived within {:.1} s",
+        traces.len(),
+        t_up.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        arrived,
+        traces.len(),
+        "spans of requests made after the backend came up must arrive"
+    );
+    let stop = agent.stop();
+    assert!(stop.is_some_and(|s| s.success()), "agent exit {stop:?}");
+    let _ = std::fs::remove_file(config);
+}
