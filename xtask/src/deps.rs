@@ -17,8 +17,10 @@ const APT_PACKAGES: &[&str] = &[
     "linux-libc-dev",
 ];
 
-/// Python packages of the test servers.
-const PIP_PACKAGES: &[&str] = &["fastapi", "uvicorn", "sse-starlette"];
+/// Python packages of the test servers, and rotel: the OpenTelemetry
+/// collector (a Rust binary shipped in the wheel) the export tests send to.
+/// Pinned: the tests parse its debug output.
+const PIP_PACKAGES: &[&str] = &["fastapi", "uvicorn", "sse-starlette", "rotel==0.0.1a15"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -59,7 +61,7 @@ pub fn install(scope: Scope) -> Result<()> {
         util::status("apt-get", &args).context("apt-get install")?;
     }
     if scope == Scope::All
-        && !succeeds("python3", &["-c", "import fastapi, uvicorn, sse_starlette"])
+        && !succeeds("python3", &["-c", "import fastapi, uvicorn, sse_starlette, rotel"])
     {
         eprintln!(
             "xtask: installing Python packages {}",
