@@ -61,7 +61,10 @@ pub fn install(scope: Scope) -> Result<()> {
         util::status("apt-get", &args).context("apt-get install")?;
     }
     if scope == Scope::All
-        && !succeeds("python3", &["-c", "import fastapi, uvicorn, sse_starlette, rotel"])
+        && !succeeds(
+            "python3",
+            &["-c", "import fastapi, uvicorn, sse_starlette, rotel"],
+        )
     {
         eprintln!(
             "xtask: installing Python packages {}",
