@@ -252,4 +252,52 @@ mod tests {
             assert!(value.parse::<f64>().is_ok(), "bad sample line {line:?}");
         }
     }
+
+    #[test]
+    fn the_grafana_dashboard_only_queries_metrics_that_exist() {
+        let dashboard = include_str!("../../../deploy/grafana/tokentrace-dashboard.json");
+        let mut m = Metrics::new(100, 0);
+        let key = SeriesKey {
+            service: "s".into(),
+            operation: None,
+            model: Some("m".into()),
+            status: Some(500),
+            error: Some("500".into()),
+            overflow: false,
+        };
+        for which in Latency::ALL {
+            m.latency.insert(
+                (which, key.clone()),
+                crate::export::metrics::Histogram::new(which.bounds()),
+            );
+        }
+        let text = render(&m, &ExportCounters::default());
+        let names: std::collections::BTreeSet<&str> = text
+            .lines()
+            .filter_map(|l| l.split(['{', ' ']).next())
+            .filter(|n| !n.starts_with('#'))
+            .collect();
+        let mut checked = 0;
+        for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if word.starts_with("gen_ai_server_") || word.starts_with("tokentrace_") {
+                assert!(
+                    names.contains(word),
+                    "the dashboard queries {word}, which the endpoint does not serve"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 10, "only {checked} metric references found");
+        for label in [
+            "service_name",
+            "gen_ai_request_model",
+            "http_response_status_code",
+            "error_type",
+        ] {
+            assert!(
+                text.contains(&format!("{label}=")),
+                "the dashboard filters on {label}"
+            );
+        }
+    }
 }
