@@ -5,7 +5,9 @@ use anyhow::{bail, Context, Result};
 use crate::util::{self, succeeds};
 
 /// Debian packages: clang builds the BPF programs, libelf/zlib link libbpf,
-/// bpftool regenerates vmlinux.h, linux-libc-dev has the uapi headers.
+/// bpftool regenerates vmlinux.h, linux-libc-dev has the uapi headers, gcc
+/// and systemtap-sdt-dev (<sys/sdt.h>) build the USDT library and the
+/// stand-in CUDA libraries (`cargo xtask native`).
 const APT_PACKAGES: &[&str] = &[
     "clang",
     "llvm",
@@ -15,6 +17,8 @@ const APT_PACKAGES: &[&str] = &[
     "make",
     "bpftool",
     "linux-libc-dev",
+    "gcc",
+    "systemtap-sdt-dev",
 ];
 
 /// Python packages of the test servers, and rotel: the OpenTelemetry

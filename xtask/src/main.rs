@@ -3,13 +3,17 @@
 //! - `deps`    install what building and testing need (apt, pip), if missing
 //! - `demo`    the main job on a bare machine: a bundled example streaming
 //!   server, traffic, and the agent tracing it
-//! - `test`    deps, then the whole test suite (unit + root eBPF integration)
+//! - `native`  the C artifacts (USDT library, stand-in CUDA libraries,
+//!   launch loop) into target/native/
+//! - `test`    deps and native, then the whole test suite (unit + root eBPF
+//!   integration)
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
 
 mod bench;
 mod demo;
 mod deps;
+mod native;
 mod util;
 
 use std::process::ExitCode;
@@ -20,8 +24,13 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
     match task {
         "deps" => deps::install(deps::Scope::All),
         "demo" => demo::run(rest),
+        "native" => {
+            deps::install(deps::Scope::Build)?;
+            native::build()
+        }
         "test" => {
             deps::install(deps::Scope::All)?;
+            native::build()?;
             util::ensure_tracefs()?;
             // Integration tests start servers on loopback and load eBPF
             // programs: one at a time keeps their measurements clean.
@@ -31,14 +40,14 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
         }
         "bench" => bench::run(rest),
         "vmlinux" => deps::vmlinux(),
-        other => bail!("unknown task {other:?}; tasks: deps, demo, test, bench, vmlinux"),
+        other => bail!("unknown task {other:?}; tasks: deps, demo, native, test, bench, vmlinux"),
     }
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
-        eprintln!("usage: cargo xtask <deps|demo|test|bench|vmlinux> [args]");
+        eprintln!("usage: cargo xtask <deps|demo|native|test|bench|vmlinux> [args]");
         return ExitCode::from(2);
     };
     match run(task, rest) {
