@@ -99,7 +99,7 @@ pub enum SendError {
 impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            SendError::Retryable { message, .. } => write!(f, "{message} (will retry)"),
+            SendError::Retryable { message, .. } => f.write_str(message),
             SendError::Permanent(message) => f.write_str(message),
         }
     }
@@ -319,9 +319,7 @@ fn grpc_error(status: tonic::Status) -> SendError {
         | Code::Aborted
         | Code::OutOfRange
         | Code::Unavailable
-        | Code::DataLoss
-        // tonic reports connection failures of the lazy channel as Unknown
-        | Code::Unknown => retryable(message),
+        | Code::DataLoss => retryable(message),
         _ => SendError::Permanent(message),
     }
 }
