@@ -23,6 +23,7 @@
 mod clock;
 mod context;
 mod encode;
+pub mod health;
 mod metrics;
 mod otlp;
 mod prometheus;
@@ -79,6 +80,7 @@ pub struct Shared {
     metrics: Mutex<Metrics>,
     stats: Stats,
     queue_capacity: u64,
+    ready: health::Readiness,
 }
 
 impl Shared {
@@ -175,6 +177,7 @@ impl Exporter {
             metrics: Mutex::new(Metrics::new(settings.max_series, unix_now())),
             stats: Stats::default(),
             queue_capacity: settings.queue_size as u64,
+            ready: health::Readiness::default(),
         });
         let mut targets = Vec::new();
 
@@ -286,6 +289,21 @@ impl Exporter {
                     .spans_dropped_queue_full
                     .fetch_add(count, Ordering::Relaxed);
             }
+        }
+    }
+
+    /// Marks the agent ready (`/readyz`): probes attached, processes scanned.
+    pub fn set_ready(&self) {
+        if let Some(active) = &self.active {
+            active.shared.ready.set();
+        }
+    }
+
+    /// Adds container and Kubernetes attributes (and the workload's name
+    /// as the default `service.name`) to traced processes' resources.
+    pub fn set_kubernetes(&mut self, metadata: crate::k8s::Metadata) {
+        if let Some(active) = &mut self.active {
+            active.resources.set_kubernetes(metadata);
         }
     }
 

@@ -17,6 +17,7 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
+use super::health;
 use super::metrics::{self_metrics, ExportCounters, Kind, Metrics};
 use super::Shared;
 
@@ -130,6 +131,9 @@ fn respond(status: StatusCode, content_type: &'static str, body: String) -> Resp
 }
 
 fn handle(req: &Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    if let Some((status, body)) = health::respond(req.method(), req.uri().path(), &shared.ready) {
+        return respond(status, "text/plain; charset=utf-8", body.to_string());
+    }
     match (req.method(), req.uri().path()) {
         (&Method::GET | &Method::HEAD, "/metrics") => {
             let (metrics, export) = shared.snapshot();

@@ -3,8 +3,9 @@
 //! A span belongs to the process that served the request, not to the agent
 //! that saw it, so each traced process gets its own resource: `service.name`,
 //! `process.pid`, `process.executable.name`, `host.name`, plus the
-//! user's `OTEL_RESOURCE_ATTRIBUTES` / `export.resource_attributes` (where
-//! container and Kubernetes attributes go until discovery fills them).
+//! user's `OTEL_RESOURCE_ATTRIBUTES` / `export.resource_attributes`, and
+//! in a cluster `container.id` and the `k8s.*` attributes of its pod
+//! (`crate::k8s`; the user's attributes win on a clash).
 //!
 //! `service.name` of a traced process, first match wins:
 //! 1. `export.service_names` entry for its comm or executable name;
@@ -12,7 +13,8 @@
 //!    `service.name` in `OTEL_RESOURCE_ATTRIBUTES` (one name for all);
 //! 3. `OTEL_SERVICE_NAME` in the traced process's own environment, so the
 //!    spans land next to the ones the server's SDK (if any) reports;
-//! 4. its comm (what `ps` shows; servers set it with setproctitle).
+//! 4. in Kubernetes, its pod's workload (Deployment, StatefulSet, …) name;
+//! 5. its comm (what `ps` shows; servers set it with setproctitle).
 //!
 //! Metrics use a per-service resource without `process.pid`: cumulative
 //! series must survive restarts of the server process.
@@ -23,6 +25,8 @@ use std::sync::Arc;
 
 use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
+
+use crate::k8s::Metadata;
 
 /// `service.name` of the agent's own (self-)metrics.
 pub const AGENT_SERVICE_NAME: &str = "tokentrace";
@@ -82,6 +86,9 @@ pub struct ProcessInfo {
     pub executable: Option<String>,
     /// `OTEL_SERVICE_NAME` from the process's environment, when set.
     pub env_service_name: Option<String>,
+    /// `container.id`, `k8s.*` and a default `service.name` from
+    /// `k8s::Metadata::attributes_for_pid` (empty outside a cluster).
+    pub kubernetes: Vec<(String, String)>,
 }
 
 impl ProcessInfo {
@@ -102,7 +109,15 @@ impl ProcessInfo {
             comm: comm.to_string(),
             executable,
             env_service_name,
+            kubernetes: Vec::new(),
         }
+    }
+
+    fn kubernetes_service_name(&self) -> Option<&String> {
+        self.kubernetes
+            .iter()
+            .find(|(k, _)| k == "service.name")
+            .map(|(_, v)| v)
     }
 }
 
@@ -136,6 +151,7 @@ impl ResourceRules {
         mapped
             .or(self.service_name.as_ref())
             .or(info.env_service_name.as_ref())
+            .or(info.kubernetes_service_name())
             .cloned()
             .unwrap_or_else(|| info.comm.clone())
     }
@@ -161,6 +177,11 @@ impl ResourceRules {
             attrs.push(kv_str("process.executable.name", exe.clone()));
         }
         attrs.push(kv_str("process.command", info.comm.clone()));
+        for (k, v) in &info.kubernetes {
+            if !attrs.iter().any(|kv| &kv.key == k) {
+                attrs.push(kv_str(k, v.clone()));
+            }
+        }
         Resource {
             attributes: attrs,
             ..Default::default()
@@ -193,7 +214,18 @@ impl ResourceRules {
 pub struct ResourceCache {
     rules: ResourceRules,
     proc_root: PathBuf,
-    by_pid: HashMap<u32, (String, CachedProcess)>,
+    kubernetes: Option<Metadata>,
+    by_pid: HashMap<u32, Entry>,
+}
+
+#[derive(Debug)]
+struct Entry {
+    comm: String,
+    /// The pod index generation this entry was built at, when the process's
+    /// pod was not known then: a later generation may know it (the watch
+    /// lags a new pod by a moment).
+    podless_at: Option<u64>,
+    process: CachedProcess,
 }
 
 /// A traced process's resource and the service it maps to.
@@ -209,24 +241,42 @@ impl ResourceCache {
         Self {
             rules,
             proc_root,
+            kubernetes: None,
             by_pid: HashMap::new(),
         }
     }
 
+    /// Looks processes up in this pod index from now on.
+    pub fn set_kubernetes(&mut self, metadata: Metadata) {
+        self.kubernetes = Some(metadata);
+        self.by_pid.clear();
+    }
+
     pub fn get(&mut self, pid: u32, comm: &str) -> &CachedProcess {
-        let stale = self.by_pid.get(&pid).is_none_or(|(c, _)| c != comm);
+        let generation = self.kubernetes.as_ref().map(Metadata::generation);
+        let stale = self.by_pid.get(&pid).is_none_or(|e| {
+            e.comm != comm || (e.podless_at.is_some() && e.podless_at != generation)
+        });
         if stale {
             if self.by_pid.len() >= MAX_CACHED_PROCESSES {
                 self.by_pid.clear();
             }
-            let info = ProcessInfo::read(&self.proc_root, pid, comm);
-            let entry = CachedProcess {
-                service: self.rules.service_name(&info),
-                resource: Arc::new(self.rules.process_resource(&info)),
+            let mut info = ProcessInfo::read(&self.proc_root, pid, comm);
+            if let Some(k8s) = &self.kubernetes {
+                info.kubernetes = k8s.attributes_for_pid(pid);
+            }
+            let has_pod = info.kubernetes.iter().any(|(k, _)| k == "k8s.pod.uid");
+            let entry = Entry {
+                comm: comm.to_string(),
+                podless_at: generation.filter(|_| !has_pod),
+                process: CachedProcess {
+                    service: self.rules.service_name(&info),
+                    resource: Arc::new(self.rules.process_resource(&info)),
+                },
             };
-            self.by_pid.insert(pid, (comm.to_string(), entry));
+            self.by_pid.insert(pid, entry);
         }
-        &self.by_pid[&pid].1
+        &self.by_pid[&pid].process
     }
 }
 
@@ -292,6 +342,7 @@ mod tests {
             comm: comm.into(),
             executable: exe.map(Into::into),
             env_service_name: env.map(Into::into),
+            kubernetes: Vec::new(),
         }
     }
 
@@ -418,6 +469,77 @@ mod tests {
             self.pid = pid;
             self
         }
+    }
+
+    #[test]
+    fn kubernetes_attributes_and_workload_service_name() {
+        let dir = std::env::temp_dir().join(format!("tokentrace-k8s-res-{}", std::process::id()));
+        let uid = "8a1f0c2e-5b7d-4e3a-9f21-6c0d8e4b2a17";
+        let id = "a".repeat(64);
+        std::fs::create_dir_all(dir.join("50")).expect("tmp dir");
+        std::fs::write(
+            dir.join("50/cgroup"),
+            format!("0::/kubepods/burstable/pod{uid}/{id}\n"),
+        )
+        .expect("write");
+        let metadata = Metadata::for_tests(dir.clone());
+        let rules = ResourceRules {
+            attributes: vec![("k8s.namespace.name".into(), "from-user".into())],
+            ..Default::default()
+        };
+        let mut cache = ResourceCache::new(rules.clone(), dir.clone());
+        cache.set_kubernetes(metadata.clone());
+        let before = Arc::clone(&cache.get(50, "python3").resource);
+        assert_eq!(cache.get(50, "python3").service, "python3");
+        assert_eq!(
+            attr(&before, "container.id"),
+            Some(&any_value::Value::StringValue(id.clone())),
+            "container known before its pod"
+        );
+
+        metadata.add_pod_for_tests(crate::k8s::PodMeta {
+            name: "vllm-6b8d9c7f4-7xq2m".into(),
+            namespace: "inference".into(),
+            uid: uid.into(),
+            node: Some("node-a".into()),
+            labels: Default::default(),
+            workload: Some(crate::k8s::Workload::Deployment {
+                replicaset: "vllm-6b8d9c7f4".into(),
+                deployment: "vllm".into(),
+            }),
+            service_name: None,
+            containers: Default::default(),
+        });
+        let after = cache.get(50, "python3").clone();
+        assert_eq!(
+            after.service, "vllm",
+            "looked up again once the pod is known"
+        );
+        let r = &after.resource;
+        assert_eq!(
+            attr(r, "k8s.deployment.name"),
+            Some(&any_value::Value::StringValue("vllm".into()))
+        );
+        assert_eq!(
+            attr(r, "k8s.namespace.name"),
+            Some(&any_value::Value::StringValue("from-user".into())),
+            "the user's attributes win"
+        );
+        assert_eq!(
+            r.attributes
+                .iter()
+                .filter(|kv| kv.key == "service.name")
+                .count(),
+            1
+        );
+
+        // the process's own OTEL_SERVICE_NAME beats the workload
+        let mut own = info("python3", None, Some("chat-api"));
+        own.kubernetes = vec![("service.name".into(), "vllm".into())];
+        assert_eq!(rules.service_name(&own), "chat-api");
+        own.env_service_name = None;
+        assert_eq!(rules.service_name(&own), "vllm");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]

@@ -183,6 +183,28 @@ impl Metadata {
     }
 }
 
+impl std::fmt::Debug for Metadata {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metadata")
+            .field("pods", &self.read_index().len())
+            .field("generation", &self.generation())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+impl Metadata {
+    /// A handle over a fake `/proc` with an index the test fills, for
+    /// tests of the modules that consume metadata.
+    pub(crate) fn for_tests(proc_root: PathBuf) -> Self {
+        Self::new(proc_root, Vec::new())
+    }
+
+    pub(crate) fn add_pod_for_tests(&self, pod: PodMeta) {
+        self.update(|index| index.apply(pod));
+    }
+}
+
 /// What [`start`] set up.
 #[derive(Default)]
 pub struct Kubernetes {
