@@ -337,6 +337,7 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
         ));
     }
     a.push(kv_int("tokentrace.fd", i64::from(t.conn.fd)));
+    a.push(kv_bool("tokentrace.tls", j.tls));
     a
 }
 

@@ -172,6 +172,10 @@ fn attributes_match_the_json_output_and_semconv() {
         attr(s, "tokentrace.aborted").cloned(),
         Some(Value::BoolValue(false))
     );
+    assert_eq!(
+        attr(s, "tokentrace.tls").cloned(),
+        Some(Value::BoolValue(false))
+    );
     assert_eq!(attr(s, "http.request.method").cloned(), str_("POST"));
     assert_eq!(attr(s, "url.path").cloned(), str_("/v1/chat/completions"));
     assert_eq!(attr(s, "http.response.status_code").cloned(), int(200));
