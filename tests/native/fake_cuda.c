@@ -30,12 +30,19 @@
 #include "fake_cuda.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #define EXPORT __attribute__((visibility("default")))
+
+/* The layouts uprobes decode, as in NVIDIA's headers (LP64). */
+_Static_assert(sizeof(dim3) == 12, "dim3 is three unsigned ints");
+_Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig.hStream at 32");
+_Static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig is 56 bytes");
+_Static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
 
 /* The objects behind the opaque handles: the time their work completes,
  * CLOCK_MONOTONIC ns. Shared by both builds (the runtime allocates them,

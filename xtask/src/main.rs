@@ -4,7 +4,7 @@
 //! - `demo`    the main job on a bare machine: a bundled example streaming
 //!   server, traffic, and the agent tracing it
 //! - `native`  the C artifacts (USDT library, stand-in CUDA libraries,
-//!   launch loop) into target/native/
+//!   launch loop) into target/native/, and a check of the stand-in
 //! - `test`    deps and native, then the whole test suite (unit + root eBPF
 //!   integration)
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server
@@ -26,11 +26,11 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
         "demo" => demo::run(rest),
         "native" => {
             deps::install(deps::Scope::Build)?;
-            native::build()
+            native::build_and_check()
         }
         "test" => {
             deps::install(deps::Scope::All)?;
-            native::build()?;
+            native::build_and_check()?;
             util::ensure_tracefs()?;
             // Integration tests start servers on loopback and load eBPF
             // programs: one at a time keeps their measurements clean.

@@ -7,7 +7,9 @@
 //! - `launch_loop`      a launch-heavy CUDA loop for `cargo xtask bench`
 //!
 //! Every artifact is written under a temporary name and renamed into place,
-//! so a server that has the previous build mapped keeps running.
+//! so a server that has the previous build mapped keeps running. After
+//! building, tests/native/check_fake_cuda.py checks the stand-in's timing
+//! (sync waits, streams, launch cost), which the eBPF tests rely on.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -19,8 +21,8 @@ use crate::util;
 const WARNINGS: &[&str] = &["-Wall", "-Wextra", "-Werror"];
 
 /// Shared objects: position independent, only what is marked exported is
-/// visible, and no executable stack (Python refuses to load such a library
-/// on hardened kernels).
+/// visible, and no executable stack (recent glibc refuses to dlopen a
+/// library that asks for one).
 const SHARED: &[&str] = &[
     "-O2",
     "-g",
@@ -30,7 +32,7 @@ const SHARED: &[&str] = &[
     "-Wl,-z,noexecstack",
 ];
 
-pub fn out_dir() -> PathBuf {
+fn out_dir() -> PathBuf {
     util::root().join("target/native")
 }
 
@@ -54,6 +56,17 @@ fn compile(out: &Path, args: &[&str]) -> Result<()> {
         bail!("{cc} failed building {}", out.display());
     }
     std::fs::rename(&tmp, out).with_context(|| format!("moving {} into place", out.display()))
+}
+
+/// Builds everything, then checks the stand-in CUDA libraries.
+pub fn build_and_check() -> Result<()> {
+    build()?;
+    let check = util::root().join("tests/native/check_fake_cuda.py");
+    util::status(
+        "python3",
+        &[check.to_str().context("repository path is not UTF-8")?],
+    )
+    .context("the stand-in CUDA libraries misbehave")
 }
 
 pub fn build() -> Result<()> {
