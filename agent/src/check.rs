@@ -316,25 +316,23 @@ pub fn kernel_release() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// The OpenSSL files `pid` maps, as `run` would find and probe them.
-pub fn tls_lines(pid: u32) -> Vec<String> {
+/// The files `pid` maps that `run` would probe: TLS libraries, CUDA
+/// libraries, `llm:*` USDT providers.
+pub fn probed_file_lines(pid: u32) -> Vec<String> {
     let proc_root = Path::new("/proc");
     if !proc_root.join(pid.to_string()).is_dir() {
-        return vec![format!("TLS (pid {pid}): no such process")];
+        return vec![format!("pid {pid}: no such process")];
     }
-    let libs = crate::discover::tls::find_tls_libraries(proc_root, pid, &Default::default());
-    if libs.is_empty() {
-        return vec![format!(
-            "TLS (pid {pid}): no OpenSSL loaded (yet: libraries loaded later are found when they are mapped)"
-        )];
+    let files =
+        crate::discover::libraries::find_probed_files(proc_root, pid, &mut Default::default());
+    let mut lines: Vec<String> = files
+        .iter()
+        .map(|f| format!("pid {pid}: {}: {}", f.mapped_as, f.probes.describe()))
+        .collect();
+    if !files.iter().any(|f| !f.probes.tls.is_empty()) {
+        lines.push(format!(
+            "pid {pid}: TLS: no OpenSSL loaded (yet: libraries loaded later are found when they are mapped)"
+        ));
     }
-    libs.iter()
-        .map(|lib| {
-            format!(
-                "TLS (pid {pid}): {} defines {}",
-                lib.mapped_as,
-                lib.symbols.join(", ")
-            )
-        })
-        .collect()
+    lines
 }

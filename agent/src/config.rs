@@ -41,6 +41,35 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     #[serde(default)]
     pub export: crate::export::ExportConfig,
+    #[serde(default)]
+    pub explain: ExplainConfig,
+}
+
+/// Stall explanations ("why was this token late").
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ExplainConfig {
+    /// A chunk whose gap (or send-queue hold) is at least this long gets a
+    /// cause breakdown in the timeline's `stalls`.
+    #[serde(with = "humantime_serde")]
+    pub stall_threshold: Duration,
+    /// Off-CPU intervals shorter than this are not recorded by the kernel.
+    #[serde(with = "humantime_serde")]
+    pub offcpu_min: Duration,
+    /// How long inference events (USDT, CUDA syncs, off-CPU) are kept for
+    /// requests still streaming.
+    #[serde(with = "humantime_serde")]
+    pub history: Duration,
+}
+
+impl Default for ExplainConfig {
+    fn default() -> Self {
+        Self {
+            stall_threshold: Duration::from_millis(30),
+            offcpu_min: Duration::from_millis(1),
+            history: Duration::from_secs(120),
+        }
+    }
 }
 
 fn default_endpoints() -> Vec<String> {
@@ -92,6 +121,7 @@ impl Default for Config {
             endpoints: default_endpoints(),
             stitch: StitchSection::default(),
             discovery: DiscoveryConfig::default(),
+            explain: ExplainConfig::default(),
             export: crate::export::ExportConfig::default(),
         }
     }

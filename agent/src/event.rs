@@ -129,6 +129,18 @@ pub struct DataEvent {
     /// The captured prefix of those bytes (`payload.len() <= len`).
     pub payload: Vec<u8>,
     pub addrs: Option<SockAddrs>,
+    /// Send-side TCP state after an egress write on a socket.
+    pub tcp: Option<TcpSendState>,
+}
+
+/// What the socket did with a write's bytes, read when the write returned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TcpSendState {
+    /// TCP_NODELAY set: Nagle's algorithm off.
+    pub nodelay: bool,
+    /// Bytes written but not yet transmitted (held by Nagle, the congestion
+    /// window or the peer's receive window).
+    pub unsent_bytes: u32,
 }
 
 impl DataEvent {
@@ -168,6 +180,92 @@ pub struct LibraryMapped {
     pub ts: MonoNs,
 }
 
+/// The `llm` USDT provider's probes (see instrument/README.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LlmProbe {
+    RequestStart,
+    RequestQueued,
+    RequestScheduled,
+    PrefillStart,
+    PrefillEnd,
+    Token,
+    RequestEnd,
+    BatchStep,
+}
+
+/// An `llm:*` USDT probe fired in a traced process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsdtEvent {
+    pub pid: u32,
+    pub tid: u32,
+    pub ts: MonoNs,
+    pub probe: LlmProbe,
+    /// Empty for `batch_step`.
+    pub request_id: String,
+    /// Integer arguments after the request id (`batch_step`: step id,
+    /// batch size, tokens in step).
+    pub args: [u64; 3],
+}
+
+/// CUDA calls that wait for the GPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+pub enum CudaSyncCall {
+    #[serde(rename = "cudaStreamSynchronize")]
+    StreamSynchronize,
+    #[serde(rename = "cudaDeviceSynchronize")]
+    DeviceSynchronize,
+    #[serde(rename = "cudaEventSynchronize")]
+    EventSynchronize,
+    #[serde(rename = "cuStreamSynchronize")]
+    CuStreamSynchronize,
+    #[serde(rename = "cuCtxSynchronize")]
+    CuCtxSynchronize,
+}
+
+/// A CUDA synchronisation call of a traced thread, with the work that
+/// thread enqueued since its previous sync.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaSyncEvent {
+    pub pid: u32,
+    pub tid: u32,
+    pub ts_enter: MonoNs,
+    pub ts_exit: MonoNs,
+    pub call: CudaSyncCall,
+    /// Stream or event handle (0 for device/context syncs).
+    pub handle: u64,
+    pub kernel_launches: u64,
+    pub graph_launches: u64,
+    pub memcpy_bytes: u64,
+}
+
+/// A traced thread was off-CPU from `start` to `end`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OffCpuEvent {
+    pub pid: u32,
+    pub tid: u32,
+    pub start: MonoNs,
+    pub end: MonoNs,
+    /// The syscall it blocked in; None when preempted.
+    pub syscall: Option<u32>,
+    /// Task state at switch-out (0 = preempted while runnable).
+    pub state: u32,
+    /// A probed CUDA sync was in flight on the thread.
+    pub in_cuda_sync: bool,
+}
+
+/// Bytes written to a socket were held unsent until an ACK released them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SendHoldEvent {
+    pub pid: u32,
+    pub tid: u32,
+    pub sock_ino: u64,
+    /// Entry of the write whose bytes were held.
+    pub write_ts: MonoNs,
+    pub release_ts: MonoNs,
+    pub held_bytes: u32,
+}
+
 /// A process started listening on a TCP port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ListenEvent {
@@ -187,6 +285,10 @@ pub enum Event {
     Exit(ProcEvent),
     Listen(ListenEvent),
     LibraryMapped(LibraryMapped),
+    Usdt(UsdtEvent),
+    CudaSync(CudaSyncEvent),
+    OffCpu(OffCpuEvent),
+    SendHold(SendHoldEvent),
 }
 
 impl Event {
@@ -203,6 +305,10 @@ impl Event {
             Event::Exec(p) | Event::Exit(p) => p.ts,
             Event::Listen(l) => l.ts,
             Event::LibraryMapped(m) => m.ts,
+            Event::Usdt(u) => u.ts,
+            Event::CudaSync(c) => c.ts_exit,
+            Event::OffCpu(o) => o.end,
+            Event::SendHold(h) => h.release_ts,
         }
     }
 }

@@ -10,6 +10,7 @@ pub mod cli;
 pub mod config;
 pub mod discover;
 pub mod event;
+pub mod explain;
 pub mod export;
 pub mod ingest;
 pub mod k8s;

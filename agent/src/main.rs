@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokentrace::check::{kernel_release, run_checks, tls_lines, Need};
+use tokentrace::check::{kernel_release, probed_file_lines, run_checks, Need};
 use tokentrace::cli::{CheckArgs, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
@@ -28,7 +28,7 @@ fn check(args: &CheckArgs) -> ExitCode {
         println!("{line}");
     }
     if let Some(pid) = args.pid {
-        for line in tls_lines(pid) {
+        for line in probed_file_lines(pid) {
             println!("{line}");
         }
     }

@@ -12,9 +12,10 @@ use tokio::sync::mpsc;
 
 use crate::cli::RunArgs;
 use crate::config::Config;
-use crate::discover::tls::{TlsChange, TlsUsers};
+use crate::discover::libraries::{FileChange, ProbedFiles};
 use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
+use crate::explain::Explainer;
 use crate::export::{AgentCounters, Exporter};
 use crate::ingest::{Ingest, ProbeCommand};
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
@@ -91,7 +92,7 @@ impl Printer {
 /// and the OpenSSL files those processes use.
 struct Probed<'a> {
     ingest: &'a Ingest,
-    tls: TlsUsers,
+    files: ProbedFiles,
 }
 
 impl Probed<'_> {
@@ -113,20 +114,20 @@ impl Probed<'_> {
 
     /// Finds OpenSSL files `pid` maps (now, or after it loaded a library).
     fn scan_libraries(&mut self, pid: u32) {
-        let changes = self.tls.scan(Path::new(PROC), pid);
-        self.tls_changes(changes);
+        let changes = self.files.scan(Path::new(PROC), pid);
+        self.file_changes(changes);
     }
 
     fn forget_libraries(&mut self, pid: u32) {
-        let changes = self.tls.process_exited(pid);
-        self.tls_changes(changes);
+        let changes = self.files.process_exited(pid);
+        self.file_changes(changes);
     }
 
-    fn tls_changes(&self, changes: Vec<TlsChange>) {
+    fn file_changes(&self, changes: Vec<FileChange>) {
         for change in changes {
             self.ingest.command(match change {
-                TlsChange::Attach(lib) => ProbeCommand::AttachTls(lib),
-                TlsChange::Detach(key) => ProbeCommand::DetachTls(key),
+                FileChange::Attach(file) => ProbeCommand::Attach(file),
+                FileChange::Detach(key) => ProbeCommand::Detach(key),
             });
         }
     }
@@ -148,6 +149,7 @@ struct Pipeline<'a> {
     printer: Printer,
     summary: RunSummary,
     probed: Probed<'a>,
+    explainer: Explainer,
     exporter: Exporter,
     request_limit: Option<u64>,
     finished: Vec<RequestTimeline>,
@@ -161,6 +163,7 @@ impl Pipeline<'_> {
                 self.probed.apply(change);
             }
             self.probed.on_event(event);
+            self.explainer.observe(event);
             self.stitcher.push(event, &mut self.finished);
         }
         self.report()
@@ -168,7 +171,7 @@ impl Pipeline<'_> {
 
     /// Prints finished timelines the tracker wants reported.
     fn report(&mut self) -> Option<Stop> {
-        for timeline in std::mem::take(&mut self.finished) {
+        for mut timeline in std::mem::take(&mut self.finished) {
             let (report, change) = self.tracker.review(&timeline);
             if let Some(change) = change {
                 self.probed.apply(change);
@@ -179,6 +182,7 @@ impl Pipeline<'_> {
             if !report {
                 continue;
             }
+            timeline.stalls = self.explainer.explain(&timeline);
             self.summary.record(&timeline);
             self.exporter.record(&timeline);
             if self.printer.print(&timeline).is_err() {
@@ -248,6 +252,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
             wakeup_bytes: config.capture.wakeup_bytes,
             ring_buffer_bytes: config.capture.ring_buffer_bytes,
             agent_pid,
+            offcpu_min_ns: u64::try_from(config.explain.offcpu_min.as_nanos()).unwrap_or(u64::MAX),
         },
         config.capture.poll_interval,
         events_tx,
@@ -255,7 +260,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
     let initial = tracker.initial_scan(Path::new(PROC))?;
     let mut probed = Probed {
         ingest: &ingest,
-        tls: TlsUsers::default(),
+        files: ProbedFiles::default(),
     };
     for &pid in &initial {
         ingest.traced_pids.insert(pid)?;
@@ -284,6 +289,10 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         },
         summary: RunSummary::default(),
         probed,
+        explainer: Explainer::new(
+            u64::try_from(config.explain.stall_threshold.as_nanos()).unwrap_or(u64::MAX),
+            u64::try_from(config.explain.history.as_nanos()).unwrap_or(u64::MAX),
+        ),
         exporter,
         request_limit: args.requests,
         finished: Vec::new(),
@@ -307,7 +316,9 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
                 None => Some(Stop::IngestEnded),
             },
             _ = sweep.tick() => {
-                pipeline.stitcher.expire_idle(monotonic_now(), idle_ns, &mut pipeline.finished);
+                let now = monotonic_now();
+                pipeline.stitcher.expire_idle(now, idle_ns, &mut pipeline.finished);
+                pipeline.explainer.prune(now);
                 pipeline.exporter.observe_agent(pipeline.agent_counters());
                 pipeline.report()
             }

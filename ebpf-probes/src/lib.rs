@@ -31,7 +31,25 @@ unsafe impl plain::Plain for sock::types::tt_listen_event {}
 // SAFETY: as above.
 unsafe impl plain::Plain for sock::types::tt_proc_event {}
 // SAFETY: as above.
+unsafe impl plain::Plain for sock::types::tt_nagle_event {}
+// SAFETY: as above.
 unsafe impl plain::Plain for sock::types::bss {}
+
+/// Probes inside inference processes: `llm:*` USDT, CUDA runtime/driver
+/// uprobes, off-CPU intervals. Shares the ring buffer and pid filter of
+/// `sock`.
+pub mod infer {
+    include!(concat!(env!("OUT_DIR"), "/infer.skel.rs"));
+}
+
+// SAFETY: as above.
+unsafe impl plain::Plain for infer::types::tt_usdt_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for infer::types::tt_cuda_sync_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for infer::types::tt_offcpu_event {}
+// SAFETY: as above.
+unsafe impl plain::Plain for infer::types::bss {}
 
 /// Feature probes for `tokentrace check`: one trivial program per attach type.
 pub mod check {

@@ -4,9 +4,9 @@
 //! Children forked by a traced process are added by the kernel itself
 //! (uvicorn/gunicorn workers), so only exec and listen need handling here.
 
+pub mod libraries;
 pub mod procfs;
 mod selector;
-pub mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::path::Path;

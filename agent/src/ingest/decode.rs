@@ -4,14 +4,18 @@
 //! `events.h`; nothing here restates them.
 
 use thiserror::Error;
+use tokentrace_probes::infer::types::{
+    tt_cuda_sync, tt_cuda_sync_event, tt_llm_probe, tt_offcpu_event, tt_usdt_event,
+};
 use tokentrace_probes::sock::types::{
     tt_conn_event, tt_data_event, tt_direction, tt_event_header, tt_event_kind, tt_io_call,
-    tt_listen_event, tt_proc_event, tt_sock_addrs,
+    tt_listen_event, tt_nagle_event, tt_proc_event, tt_sock_addrs,
 };
 
 use crate::event::{
-    ConnEvent, ConnId, DataEvent, Direction, Event, IoCall, LibraryMapped, ListenEvent, ProcEvent,
-    SockAddrs,
+    ConnEvent, ConnId, CudaSyncCall, CudaSyncEvent, DataEvent, Direction, Event, IoCall,
+    LibraryMapped, ListenEvent, LlmProbe, OffCpuEvent, ProcEvent, SendHoldEvent, SockAddrs,
+    TcpSendState, UsdtEvent,
 };
 
 /// Why a record could not be decoded. Each one is counted, never fatal.
@@ -143,6 +147,31 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
                 ts: raw.hdr.ts_ns,
             }))
         }
+        tt_event_kind::TT_EVENT_USDT => decode_usdt(record),
+        tt_event_kind::TT_EVENT_CUDA_SYNC => decode_cuda_sync(record),
+        tt_event_kind::TT_EVENT_OFFCPU => {
+            let raw: tt_offcpu_event = read(record, "off-CPU record")?;
+            Ok(Event::OffCpu(OffCpuEvent {
+                pid: raw.hdr.tgid,
+                tid: raw.hdr.tid,
+                start: raw.start_ns,
+                end: raw.hdr.ts_ns,
+                syscall: u32::try_from(raw.syscall).ok(),
+                state: raw.state,
+                in_cuda_sync: raw.in_cuda_sync != 0,
+            }))
+        }
+        tt_event_kind::TT_EVENT_NAGLE => {
+            let raw: tt_nagle_event = read(record, "send-hold record")?;
+            Ok(Event::SendHold(SendHoldEvent {
+                pid: raw.hdr.tgid,
+                tid: raw.hdr.tid,
+                sock_ino: raw.sock_ino,
+                write_ts: raw.write_ts_ns,
+                release_ts: raw.hdr.ts_ns,
+                held_bytes: raw.held_bytes,
+            }))
+        }
         tt_event_kind::TT_EVENT_LISTEN => {
             let raw: tt_listen_event = read(record, "listen record")?;
             Ok(Event::Listen(ListenEvent {
@@ -154,6 +183,62 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
         }
         other => Err(DecodeError::UnknownKind(other.0)),
     }
+}
+
+fn decode_usdt(record: &[u8]) -> Result<Event, DecodeError> {
+    let raw: tt_usdt_event = read(record, "USDT record")?;
+    let probe = match tt_llm_probe(raw.probe) {
+        tt_llm_probe::TT_LLM_REQUEST_START => LlmProbe::RequestStart,
+        tt_llm_probe::TT_LLM_REQUEST_QUEUED => LlmProbe::RequestQueued,
+        tt_llm_probe::TT_LLM_REQUEST_SCHEDULED => LlmProbe::RequestScheduled,
+        tt_llm_probe::TT_LLM_PREFILL_START => LlmProbe::PrefillStart,
+        tt_llm_probe::TT_LLM_PREFILL_END => LlmProbe::PrefillEnd,
+        tt_llm_probe::TT_LLM_TOKEN => LlmProbe::Token,
+        tt_llm_probe::TT_LLM_REQUEST_END => LlmProbe::RequestEnd,
+        tt_llm_probe::TT_LLM_BATCH_STEP => LlmProbe::BatchStep,
+        other => {
+            return Err(DecodeError::UnknownValue {
+                what: "llm probe",
+                value: other.0,
+            })
+        }
+    };
+    Ok(Event::Usdt(UsdtEvent {
+        pid: raw.hdr.tgid,
+        tid: raw.hdr.tid,
+        ts: raw.hdr.ts_ns,
+        probe,
+        request_id: comm(&raw.request_id),
+        args: raw.args,
+    }))
+}
+
+fn decode_cuda_sync(record: &[u8]) -> Result<Event, DecodeError> {
+    let raw: tt_cuda_sync_event = read(record, "CUDA sync record")?;
+    let call = match tt_cuda_sync(raw.call) {
+        tt_cuda_sync::TT_CUDA_STREAM_SYNCHRONIZE => CudaSyncCall::StreamSynchronize,
+        tt_cuda_sync::TT_CUDA_DEVICE_SYNCHRONIZE => CudaSyncCall::DeviceSynchronize,
+        tt_cuda_sync::TT_CUDA_EVENT_SYNCHRONIZE => CudaSyncCall::EventSynchronize,
+        tt_cuda_sync::TT_CU_STREAM_SYNCHRONIZE => CudaSyncCall::CuStreamSynchronize,
+        tt_cuda_sync::TT_CU_CTX_SYNCHRONIZE => CudaSyncCall::CuCtxSynchronize,
+        other => {
+            return Err(DecodeError::UnknownValue {
+                what: "CUDA sync call",
+                value: other.0,
+            })
+        }
+    };
+    Ok(Event::CudaSync(CudaSyncEvent {
+        pid: raw.hdr.tgid,
+        tid: raw.hdr.tid,
+        ts_enter: raw.ts_enter_ns,
+        ts_exit: raw.hdr.ts_ns,
+        call,
+        handle: raw.handle,
+        kernel_launches: raw.kernel_launches,
+        graph_launches: raw.graph_launches,
+        memcpy_bytes: raw.memcpy_bytes,
+    }))
 }
 
 fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
@@ -180,6 +265,12 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
         len: raw.len,
         payload: payload.to_vec(),
         addrs: addrs(&raw.addrs),
+        tcp: (raw.direction == tt_direction::TT_DIR_EGRESS.0 as u8 && raw.fd >= 0).then_some(
+            TcpSendState {
+                nodelay: raw.tcp_nodelay != 0,
+                unsent_bytes: raw.unsent_bytes,
+            },
+        ),
     }))
 }
 

@@ -17,16 +17,18 @@ use tokio::sync::mpsc;
 
 pub use decode::{decode, DecodeError};
 
-use crate::discover::tls::{LibraryKey, TlsLibrary};
+use crate::discover::libraries::{FileKey, ProbedFile};
 use crate::event::Event;
-use crate::probes::{KernelCounters, ProbeSettings, SockProbes, TracedPids};
+use crate::probes::{InferProbes, KernelCounters, ProbeSettings, SockProbes, TracedPids};
 
 /// Probe changes the ingest thread carries out: it owns the probes, so
 /// attaching happens there, between two polls.
 #[derive(Debug)]
 pub enum ProbeCommand {
-    AttachTls(TlsLibrary),
-    DetachTls(LibraryKey),
+    /// Attach what the file offers (OpenSSL, CUDA, `llm:*` USDT).
+    Attach(ProbedFile),
+    /// Detach everything attached to the file.
+    Detach(FileKey),
 }
 
 /// Counters of the userspace half of ingestion.
@@ -124,34 +126,61 @@ struct Channels<'a> {
     ready: &'a std_mpsc::Sender<Ready>,
 }
 
-/// Carries out a probe command; the links of attached libraries live in
-/// `tls_links` until detached.
+/// The probe sets the ingest thread owns.
+struct Probes {
+    sock: SockProbes,
+    /// None when the inference probes could not load (no uprobes, …).
+    infer: Option<InferProbes>,
+}
+
+/// Attaches what `file` offers; failures of one kind do not stop the others.
+fn attach_file(probes: &Probes, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
+    let mut links = Vec::new();
+    let mut attached = Vec::new();
+    let mut add = |kind: &str, result: Result<Vec<libbpf_rs::Link>>| match result {
+        Ok(l) => {
+            attached.push(format!("{kind} ({} probes)", l.len()));
+            links.extend(l);
+        }
+        Err(err) => tracing::warn!("{kind}: cannot probe {}: {err:#}", file.mapped_as),
+    };
+    if !file.probes.tls.is_empty() {
+        add("OpenSSL", probes.sock.attach_tls(&file.path));
+    }
+    match (&probes.infer, file.probes.cuda) {
+        (Some(infer), Some(library)) => add("CUDA", infer.attach_cuda(&file.path, library)),
+        (None, Some(_)) => {
+            tracing::debug!("{}: CUDA library, but no inference probes", file.mapped_as)
+        }
+        _ => {}
+    }
+    if !file.probes.usdt.is_empty() {
+        if let Some(infer) = &probes.infer {
+            add("USDT llm", infer.attach_usdt(&file.path, &file.probes.usdt));
+        }
+    }
+    if !attached.is_empty() {
+        tracing::info!("probing {}: {}", file.mapped_as, attached.join(", "));
+    }
+    links
+}
+
+/// Carries out a probe command; the links of attached files live in
+/// `file_links` until detached.
 fn apply_command(
-    probes: &SockProbes,
+    probes: &Probes,
     command: ProbeCommand,
-    tls_links: &mut HashMap<LibraryKey, Vec<libbpf_rs::Link>>,
+    file_links: &mut HashMap<FileKey, Vec<libbpf_rs::Link>>,
 ) {
     match command {
-        ProbeCommand::AttachTls(lib) => {
-            if tls_links.contains_key(&lib.key) {
-                return;
-            }
-            match probes.attach_tls(&lib.path) {
-                Ok(links) => {
-                    tracing::info!(
-                        "TLS: probing {} ({} uprobes; defines {})",
-                        lib.mapped_as,
-                        links.len(),
-                        lib.symbols.join(", ")
-                    );
-                    tls_links.insert(lib.key, links);
-                }
-                Err(err) => tracing::warn!("TLS: cannot probe {}: {err:#}", lib.mapped_as),
+        ProbeCommand::Attach(file) => {
+            if let std::collections::hash_map::Entry::Vacant(slot) = file_links.entry(file.key) {
+                slot.insert(attach_file(probes, &file));
             }
         }
-        ProbeCommand::DetachTls(key) => {
-            if tls_links.remove(&key).is_some() {
-                tracing::info!("TLS: detached from library {key:?}: no traced process uses it");
+        ProbeCommand::Detach(key) => {
+            if file_links.remove(&key).is_some() {
+                tracing::info!("detached from file {key:?}: no traced process uses it");
             }
         }
     }
@@ -169,19 +198,32 @@ fn run_thread(
         commands,
         ready,
     } = channels;
-    let setup = || -> Result<SockProbes> { SockProbes::load(settings) };
-    let probes = match setup() {
+    let sock = match SockProbes::load(settings) {
         Ok(probes) => probes,
         Err(err) => {
             let _ = ready.send(Err(err));
             return;
         }
     };
+    let infer = match InferProbes::load(
+        &sock,
+        settings.offcpu_min_ns,
+        settings.wakeup_bytes,
+        settings.agent_pid,
+    ) {
+        Ok(infer) => Some(infer),
+        Err(err) => {
+            tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");
+            None
+        }
+    };
+    let probes = Probes { sock, infer };
     let handles = probes
+        .sock
         .traced_pids()
-        .and_then(|pids| Ok((pids, probes.counters()?)));
+        .and_then(|pids| Ok((pids, probes.sock.counters()?)));
     let batch = RefCell::new(Vec::new());
-    let ring = probes.ring_buffer(|record| {
+    let ring = probes.sock.ring_buffer(|record| {
         stats.records.fetch_add(1, Ordering::Relaxed);
         match decode(record) {
             Ok(event) => batch.borrow_mut().push(event),
@@ -205,10 +247,10 @@ fn run_thread(
         }
     };
 
-    let mut tls_links = HashMap::new();
+    let mut file_links = HashMap::new();
     while !stop.load(Ordering::Relaxed) {
         for command in commands.try_iter() {
-            apply_command(&probes, command, &mut tls_links);
+            apply_command(&probes, command, &mut file_links);
         }
         if let Err(err) = ring.poll(poll_interval) {
             if err.kind() != libbpf_rs::ErrorKind::Interrupted {

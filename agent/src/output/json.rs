@@ -44,6 +44,8 @@ pub struct JsonTimeline<'a> {
     pub response_bytes: u64,
     pub truncated_writes: u32,
     pub tls: bool,
+    /// Late chunks with their cause breakdown (see `explain::Stall`).
+    pub stalls: &'a [crate::explain::Stall],
 }
 
 impl<'a> JsonTimeline<'a> {
@@ -90,6 +92,7 @@ impl<'a> JsonTimeline<'a> {
             response_bytes: t.response_bytes,
             truncated_writes: t.truncated_writes,
             tls: t.tls,
+            stalls: &t.stalls,
         }
     }
 

@@ -23,6 +23,8 @@ pub struct ProbeSettings {
     pub ring_buffer_bytes: u32,
     /// The agent's own pid, never traced.
     pub agent_pid: u32,
+    /// Shortest off-CPU interval reported by the inference probes.
+    pub offcpu_min_ns: u64,
 }
 
 /// Loaded and attached socket probes. Dropping it detaches every program.
@@ -82,6 +84,11 @@ impl SockProbes {
             .add(&self.skel.maps.events, callback)
             .context("registering the events ring buffer")?;
         builder.build().context("creating the ring buffer consumer")
+    }
+
+    /// The ring buffer and pid filter, for other probe sets to share.
+    pub(crate) fn shared_maps(&self) -> (&libbpf_rs::Map<'static>, &libbpf_rs::Map<'static>) {
+        (&self.skel.maps.events, &self.skel.maps.traced_tgids)
     }
 
     /// A handle on the pid filter, usable from another thread.

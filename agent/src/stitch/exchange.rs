@@ -87,6 +87,7 @@ impl Exchanges {
                 usage: None,
                 truncated_writes: 0,
                 tls: false,
+                stalls: Vec::new(),
             },
         });
         seq

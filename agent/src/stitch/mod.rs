@@ -108,9 +108,15 @@ impl Stitcher {
             Event::Close(ev) => self.connections.on_close(ev, sink),
             Event::Exit(ev) => self.connections.on_exit(ev.pid, ev.ts, sink),
             // None changes a connection: exec keeps sockets open (unless
-            // CLOEXEC, which brings close events), listen and library loads
-            // are not data.
-            Event::Exec(_) | Event::Listen(_) | Event::LibraryMapped(_) => {}
+            // CLOEXEC, which brings close events); the others are not data
+            // (the explainer uses the inference ones).
+            Event::Exec(_)
+            | Event::Listen(_)
+            | Event::LibraryMapped(_)
+            | Event::Usdt(_)
+            | Event::CudaSync(_)
+            | Event::OffCpu(_)
+            | Event::SendHold(_) => {}
         }
     }
 

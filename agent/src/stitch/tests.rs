@@ -96,6 +96,7 @@ impl Sim {
             len: u32::try_from(len).expect("test lengths fit"),
             payload: payload.to_vec(),
             addrs: None,
+            tcp: None,
         }));
     }
 

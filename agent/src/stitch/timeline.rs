@@ -92,6 +92,9 @@ pub struct RequestTimeline {
     pub truncated_writes: u32,
     /// Seen as plaintext inside OpenSSL (SSL_read/SSL_write), not on a socket.
     pub tls: bool,
+    /// Late chunks and their causes; filled after stitching by the
+    /// explainer (empty when nothing was late).
+    pub stalls: Vec<crate::explain::Stall>,
 }
 
 impl RequestTimeline {

@@ -20,7 +20,14 @@
 #define MAX_IOV 8
 #endif
 
+/* Frames kept per stack of a CPU sample (the kernel's default
+ * perf_event_max_stack). */
+#ifndef MAX_STACK_DEPTH
+#define MAX_STACK_DEPTH 127
+#endif
+
 #define TASK_COMM_LEN 16
+#define LLM_ID_LEN 64
 #define EXEC_FILENAME_LEN 128
 
 enum tt_event_kind {
@@ -33,6 +40,35 @@ enum tt_event_kind {
 	/* A traced process mapped a file executable (a library was loaded):
 	 * the agent re-reads its maps to find libssl. Uses tt_proc_event. */
 	TT_EVENT_LIB_MAPPED = 7,
+	/* An on-CPU sample of a profiled process (profile.bpf.c, its own ring
+	 * buffer). Uses tt_cpu_sample. */
+	TT_EVENT_CPU_SAMPLE = 8,
+	TT_EVENT_USDT = 9,
+	TT_EVENT_CUDA_SYNC = 10,
+	TT_EVENT_OFFCPU = 11,
+	TT_EVENT_NAGLE = 12,
+};
+
+/* The `llm` USDT provider's probes (instrument/README.md has the argument
+ * contract). The value is the USDT cookie the agent attaches with. */
+enum tt_llm_probe {
+	TT_LLM_REQUEST_START = 1,
+	TT_LLM_REQUEST_QUEUED = 2,
+	TT_LLM_REQUEST_SCHEDULED = 3,
+	TT_LLM_PREFILL_START = 4,
+	TT_LLM_PREFILL_END = 5,
+	TT_LLM_TOKEN = 6,
+	TT_LLM_REQUEST_END = 7,
+	TT_LLM_BATCH_STEP = 8,
+};
+
+/* CUDA calls that wait for the GPU (entry and return are probed). */
+enum tt_cuda_sync {
+	TT_CUDA_STREAM_SYNCHRONIZE = 1,
+	TT_CUDA_DEVICE_SYNCHRONIZE = 2,
+	TT_CUDA_EVENT_SYNCHRONIZE = 3,
+	TT_CU_STREAM_SYNCHRONIZE = 4,
+	TT_CU_CTX_SYNCHRONIZE = 5,
 };
 
 enum tt_direction {
@@ -96,7 +132,13 @@ struct tt_data_event {
 	__u32 captured; /* bytes of data[] that follow */
 	__u8 direction; /* enum tt_direction */
 	__u8 call; /* enum tt_io_call */
-	__u16 _pad;
+	/* Egress on a TCP socket: 1 if TCP_NODELAY is set, 0 if Nagle is on. */
+	__u8 tcp_nodelay;
+	__u8 _pad;
+	/* Egress: bytes written but not yet sent when the write returned
+	 * (held by Nagle, cwnd or the peer's window). */
+	__u32 unsent_bytes;
+	__u32 _pad2;
 	struct tt_sock_addrs addrs;
 };
 
@@ -126,6 +168,65 @@ struct tt_proc_event {
 	__u32 ppid;
 	__s32 exit_code;
 	char filename[EXEC_FILENAME_LEN];
+};
+
+/* One on-CPU sample: the profiled thread was running when the perf event
+ * fired. Stacks are instruction pointers, innermost first; a length is the
+ * number of bytes bpf_get_stack filled, or a negative errno when the stack
+ * could not be read. */
+struct tt_cpu_sample {
+	struct tt_event_header hdr; /* hdr.ts_ns = sample time */
+	__u32 cpu;
+	__s32 kstack_bytes;
+	__s32 ustack_bytes;
+	__u32 _pad;
+	__u64 kstack[MAX_STACK_DEPTH];
+	__u64 ustack[MAX_STACK_DEPTH];
+};
+
+/* One `llm:*` USDT probe fired in a traced process. */
+struct tt_usdt_event {
+	struct tt_event_header hdr;
+	__u32 probe; /* enum tt_llm_probe */
+	__u32 nargs;
+	/* The integer arguments after the request id (batch_step: all three). */
+	__u64 args[3];
+	char request_id[LLM_ID_LEN];
+};
+
+/* A CUDA synchronisation call returned. Launches are counted in the kernel
+ * per thread and reported with the thread's next sync, so a launch-heavy
+ * loop costs a map update per launch, not a record. */
+struct tt_cuda_sync_event {
+	struct tt_event_header hdr; /* hdr.ts_ns = return */
+	__u64 ts_enter_ns;
+	__u64 handle; /* stream or event argument, 0 for device/context syncs */
+	__u32 call; /* enum tt_cuda_sync */
+	__u32 _pad;
+	/* Work this thread enqueued since its previous sync. */
+	__u64 kernel_launches;
+	__u64 graph_launches;
+	__u64 memcpy_bytes;
+};
+
+/* A traced thread was off-CPU for at least `offcpu_min_ns`. The header
+ * describes the thread (not the CPU's current task). */
+struct tt_offcpu_event {
+	struct tt_event_header hdr; /* hdr.ts_ns = back on CPU */
+	__u64 start_ns; /* switched out */
+	__s64 syscall; /* syscall it blocked in, -1 if none (preempted) */
+	__u32 state; /* prev_state at switch-out (0 = preempted, runnable) */
+	__u32 in_cuda_sync; /* blocked inside a probed CUDA sync */
+};
+
+/* Bytes a traced process wrote were held in the socket's send queue (Nagle
+ * waiting for an ACK) until the ACK that released them arrived. */
+struct tt_nagle_event {
+	struct tt_event_header hdr; /* tgid/tid of the writer, ts = release */
+	__u64 sock_ino;
+	__u64 write_ts_ns; /* entry of the write whose bytes were held */
+	__u32 held_bytes;
+	__u32 _pad;
 };
 
 #endif /* TOKENTRACE_EVENTS_H */

@@ -16,39 +16,15 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
-#include "events.h"
-
-#define AF_INET 2
-#define AF_INET6 10
-#define S_IFMT 00170000
-#define S_IFSOCK 0140000
-#define SOCK_STREAM 1
-#define IPPROTO_TCP 6
+#include "common.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Set by the agent before load. */
 const volatile __u32 capture_bytes = 8192;
-const volatile __u64 wakeup_bytes = 256 * 1024;
-const volatile __u32 agent_tgid = 0;
 
-/* Kernel-side loss counters, read by the agent from .bss. */
-__u64 ringbuf_drops = 0;
+/* Data records skipped because the per-CPU staging slot was missing. */
 __u64 scratch_misses = 0;
-
-struct {
-	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 16 << 20);
-} events SEC(".maps");
-
-/* tgid -> 1 for every process whose sockets are traced. Maintained by the
- * agent; children of traced processes are added here at fork. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 8192);
-	__type(key, __u32);
-	__type(value, __u8);
-} traced_tgids SEC(".maps");
 
 /* Arguments of an in-flight syscall, from sys_enter to sys_exit. */
 struct io_args {
@@ -145,81 +121,15 @@ struct tt_data_event _data_event = {};
 struct tt_conn_event _conn_event = {};
 struct tt_listen_event _listen_event = {};
 struct tt_proc_event _proc_event = {};
+struct tt_nagle_event _nagle_event = {};
 enum tt_event_kind _event_kind = 0;
 enum tt_direction _direction = 0;
 enum tt_io_call _io_call = 0;
 
-static __always_inline bool is_traced(__u32 tgid)
-{
-	if (tgid == agent_tgid)
-		return false;
-	return bpf_map_lookup_elem(&traced_tgids, &tgid) != NULL;
-}
 
-static __always_inline __u64 wakeup_flags(void)
-{
-	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
-		return BPF_RB_FORCE_WAKEUP;
-	return BPF_RB_NO_WAKEUP;
-}
 
-static __always_inline void fill_header(struct tt_event_header *hdr, __u32 kind)
-{
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
 
-	hdr->kind = kind;
-	hdr->tgid = pid_tgid >> 32;
-	hdr->tid = (__u32)pid_tgid;
-	hdr->ts_ns = bpf_ktime_get_ns();
-	/* The process name, not the thread's: uvicorn's worker threads and the
-	 * event loop all belong to one `python3`. */
-	BPF_CORE_READ_STR_INTO(&hdr->comm, task, group_leader, comm);
-}
 
-/* The socket behind `fd` in the current process if it is an IPv4/IPv6 TCP
- * socket, else NULL. */
-static __always_inline struct sock *tcp_sock_of_fd(int fd, __u64 *ino)
-{
-	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
-	struct file **fds = BPF_CORE_READ(task, files, fdt, fd);
-	unsigned int max_fds = BPF_CORE_READ(task, files, fdt, max_fds);
-	struct file *file = NULL;
-
-	if (fd < 0 || (unsigned int)fd >= max_fds)
-		return NULL;
-	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
-		return NULL;
-	struct inode *inode = BPF_CORE_READ(file, f_inode);
-	umode_t mode = BPF_CORE_READ(inode, i_mode);
-	if ((mode & S_IFMT) != S_IFSOCK)
-		return NULL;
-	struct socket *sock = BPF_CORE_READ(file, private_data);
-	struct sock *sk = BPF_CORE_READ(sock, sk);
-	if (!sk)
-		return NULL;
-	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
-	if (family != AF_INET && family != AF_INET6)
-		return NULL;
-	if (BPF_CORE_READ(sk, sk_type) != SOCK_STREAM || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
-		return NULL;
-	*ino = BPF_CORE_READ(inode, i_ino);
-	return sk;
-}
-
-static __always_inline void fill_addrs(struct sock *sk, struct tt_sock_addrs *a)
-{
-	a->family = BPF_CORE_READ(sk, __sk_common.skc_family);
-	a->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
-	a->remote_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
-	if (a->family == AF_INET) {
-		bpf_core_read(a->local_addr, 4, &sk->__sk_common.skc_rcv_saddr);
-		bpf_core_read(a->remote_addr, 4, &sk->__sk_common.skc_daddr);
-	} else {
-		bpf_core_read(a->local_addr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
-		bpf_core_read(a->remote_addr, 16, &sk->__sk_common.skc_v6_daddr);
-	}
-}
 
 /* ---- data path ---------------------------------------------------------- */
 
@@ -288,6 +198,49 @@ static __always_inline __u32 copy_iov(__u8 *dst, __u64 iov_ptr, __u32 iovcnt, __
 	return off;
 }
 
+/* Bytes left unsent by a write, per socket, until an incoming ACK releases
+ * them: the time Nagle (or a full window) held a token back. */
+struct nagle_hold {
+	__u64 write_ts;
+	__u64 sock_ino;
+	__u32 tgid;
+	__u32 tid;
+	__u32 unsent;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct nagle_hold);
+} nagle_holds SEC(".maps");
+
+static __always_inline void note_unsent(struct sock *sk, __u64 ino, __u64 ts_enter, struct tt_data_event *e)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	__u32 write_seq = BPF_CORE_READ(tp, write_seq);
+	__u32 snd_nxt = BPF_CORE_READ(tp, snd_nxt);
+	__u8 nonagle = BPF_CORE_READ_BITFIELD_PROBED(tp, nonagle);
+	__u32 unsent = write_seq - snd_nxt;
+	__u64 key = (__u64)sk;
+
+	/* TCP_NAGLE_OFF (1) is TCP_NODELAY; TCP_NAGLE_CORK (2) holds on purpose. */
+	e->tcp_nodelay = (nonagle & 1) ? 1 : 0;
+	e->unsent_bytes = unsent > (1u << 30) ? 0 : unsent;
+	if (e->unsent_bytes == 0 || bpf_map_lookup_elem(&nagle_holds, &key))
+		return;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct nagle_hold hold = {
+		.write_ts = ts_enter,
+		.sock_ino = ino,
+		.tgid = pid_tgid >> 32,
+		.tid = (__u32)pid_tgid,
+		.unsent = e->unsent_bytes,
+	};
+	bpf_map_update_elem(&nagle_holds, &key, &hold, BPF_ANY);
+}
+
 static __always_inline int exit_io(long ret)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -330,6 +283,10 @@ static __always_inline int exit_io(long ret)
 	e->len = ret;
 	e->direction = a.direction;
 	e->call = a.call;
+	e->tcp_nodelay = 0;
+	e->unsent_bytes = 0;
+	if (a.direction == TT_DIR_EGRESS)
+		note_unsent(sk, ino, a.ts_enter, e);
 	fill_addrs(sk, &e->addrs);
 
 	__u32 limit = capture_bytes < (__u32)ret ? capture_bytes : (__u32)ret;
@@ -695,6 +652,8 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	e->len = len > 0xffffffff ? 0xffffffff : len;
 	e->direction = c.direction;
 	e->call = c.call;
+	e->tcp_nodelay = 0;
+	e->unsent_bytes = 0;
 	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
 	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
@@ -770,5 +729,37 @@ int enter_mmap(struct trace_event_raw_sys_enter *ctx)
 	e->exit_code = 0;
 	e->filename[0] = 0;
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+	return 0;
+}
+
+/* An incoming segment on a socket with held bytes: its ACK releases them
+ * (tcp_probe runs at the start of tcp_rcv_established; the held segment
+ * goes out right after, in the same softirq). Runs in softirq context, so
+ * the record's header comes from the writer, not the current task. */
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
+{
+	__u64 key = (__u64)sk;
+	struct nagle_hold *hold = bpf_map_lookup_elem(&nagle_holds, &key);
+
+	if (!hold)
+		return 0;
+	struct nagle_hold h = *hold;
+	bpf_map_delete_elem(&nagle_holds, &key);
+	struct tt_nagle_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	__builtin_memset(&e->hdr, 0, sizeof(e->hdr));
+	e->hdr.kind = TT_EVENT_NAGLE;
+	e->hdr.tgid = h.tgid;
+	e->hdr.tid = h.tid;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->sock_ino = h.sock_ino;
+	e->write_ts_ns = h.write_ts;
+	e->held_bytes = h.unsent;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, wakeup_flags());
 	return 0;
 }

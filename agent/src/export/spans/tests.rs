@@ -67,6 +67,7 @@ fn sse() -> RequestTimeline {
         }),
         truncated_writes: 0,
         tls: false,
+        stalls: Vec::new(),
     }
 }
 

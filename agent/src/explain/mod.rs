@@ -1,0 +1,328 @@
+//! "Why was this token late": joins a finished request's timeline with what
+//! the inference probes saw while it was in flight — `llm:*` USDT marks
+//! (matched by request id, so an engine in another process counts), CUDA
+//! sync waits and off-CPU intervals of the threads that served it, and
+//! send-queue holds of its socket — and splits each late chunk's gap into
+//! causes.
+//!
+//! Pure: events in ([`Explainer::observe`]), breakdowns out
+//! ([`Explainer::explain`]); the caller supplies time for pruning.
+
+mod intervals;
+mod stall;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+pub use stall::Stall;
+
+use crate::event::{ConnId, Direction, Event, LlmProbe, MonoNs};
+use crate::output::ms;
+use crate::stitch::RequestTimeline;
+use intervals::Intervals;
+
+/// USDT marks of one request id.
+#[derive(Debug, Default)]
+struct RequestMarks {
+    queued: Option<MonoNs>,
+    scheduled: Option<MonoNs>,
+    prefill_start: Option<MonoNs>,
+    prefill_end: Option<MonoNs>,
+    /// Threads that fired probes for this request: they serve it.
+    threads: HashSet<(u32, u32)>,
+    last_ts: MonoNs,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    pid: u32,
+    tid: u32,
+    start: MonoNs,
+    end: MonoNs,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct OffCpu {
+    span: Span,
+    syscall: Option<u32>,
+    preempted: bool,
+    in_cuda_sync: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct SyncWait {
+    span: Span,
+    launches: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Hold {
+    pid: u32,
+    sock_ino: u64,
+    write_ts: MonoNs,
+    release_ts: MonoNs,
+    nodelay: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct BatchStep {
+    pid: u32,
+    ts: MonoNs,
+    batch_size: u64,
+}
+
+/// Recent inference events, bounded by age.
+#[derive(Debug)]
+pub struct Explainer {
+    threshold_ns: u64,
+    history_ns: u64,
+    requests: HashMap<String, RequestMarks>,
+    /// Threads that moved bytes on each connection.
+    conn_threads: HashMap<ConnId, (HashSet<u32>, MonoNs)>,
+    syncs: VecDeque<SyncWait>,
+    off_cpu: VecDeque<OffCpu>,
+    steps: VecDeque<BatchStep>,
+    holds: VecDeque<Hold>,
+    /// Egress writes that left bytes unsent, waiting for their release.
+    unsent_writes: HashMap<(u32, u64, MonoNs), bool>,
+}
+
+/// How an off-CPU interval is named in a breakdown.
+fn off_cpu_reason(o: &OffCpu) -> String {
+    if o.in_cuda_sync {
+        return "cuda_sync".into();
+    }
+    if o.preempted {
+        return "preempted".into();
+    }
+    match o.syscall {
+        // x86_64 numbers: futex, nanosleep, clock_nanosleep.
+        Some(202) => "futex".into(),
+        Some(35 | 230) => "sleep".into(),
+        // read, write, poll, select, readv, writev, pselect6, ppoll,
+        // epoll_wait, epoll_pwait, recvfrom, recvmsg, sendto, sendmsg.
+        Some(0 | 1 | 7 | 23 | 19 | 20 | 270 | 271 | 232 | 281 | 441 | 45 | 47 | 44 | 46) => {
+            "io".into()
+        }
+        Some(n) => format!("syscall {n}"),
+        None => "preempted".into(),
+    }
+}
+
+impl Explainer {
+    pub fn new(threshold_ns: u64, history_ns: u64) -> Self {
+        Self {
+            threshold_ns,
+            history_ns,
+            requests: HashMap::new(),
+            conn_threads: HashMap::new(),
+            syncs: VecDeque::new(),
+            off_cpu: VecDeque::new(),
+            steps: VecDeque::new(),
+            holds: VecDeque::new(),
+            unsent_writes: HashMap::new(),
+        }
+    }
+
+    /// Remembers what the explanation of later timelines needs.
+    pub fn observe(&mut self, event: &Event) {
+        match event {
+            Event::Data(d) => {
+                let ts = d.ts_exit;
+                let entry = self.conn_threads.entry(d.conn).or_default();
+                entry.0.insert(d.tid);
+                entry.1 = ts;
+                if let (Direction::Egress, Some(tcp)) = (d.direction, d.tcp) {
+                    if tcp.unsent_bytes > 0 {
+                        self.unsent_writes
+                            .insert((d.conn.pid, d.conn.sock_ino, d.ts_enter), tcp.nodelay);
+                    }
+                }
+            }
+            Event::Usdt(u) => {
+                if u.probe == LlmProbe::BatchStep {
+                    self.steps.push_back(BatchStep {
+                        pid: u.pid,
+                        ts: u.ts,
+                        batch_size: u.args[1],
+                    });
+                    return;
+                }
+                let marks = self.requests.entry(u.request_id.clone()).or_default();
+                marks.threads.insert((u.pid, u.tid));
+                marks.last_ts = u.ts;
+                let slot = match u.probe {
+                    LlmProbe::RequestQueued => &mut marks.queued,
+                    LlmProbe::RequestScheduled => &mut marks.scheduled,
+                    LlmProbe::PrefillStart => &mut marks.prefill_start,
+                    LlmProbe::PrefillEnd => &mut marks.prefill_end,
+                    _ => return,
+                };
+                slot.get_or_insert(u.ts);
+            }
+            Event::CudaSync(c) => self.syncs.push_back(SyncWait {
+                span: Span {
+                    pid: c.pid,
+                    tid: c.tid,
+                    start: c.ts_enter,
+                    end: c.ts_exit,
+                },
+                launches: c.kernel_launches + c.graph_launches,
+            }),
+            Event::OffCpu(o) => self.off_cpu.push_back(OffCpu {
+                span: Span {
+                    pid: o.pid,
+                    tid: o.tid,
+                    start: o.start,
+                    end: o.end,
+                },
+                syscall: o.syscall,
+                preempted: o.state == 0,
+                in_cuda_sync: o.in_cuda_sync,
+            }),
+            Event::SendHold(h) => {
+                let nodelay = self
+                    .unsent_writes
+                    .remove(&(h.pid, h.sock_ino, h.write_ts))
+                    .unwrap_or(true);
+                self.holds.push_back(Hold {
+                    pid: h.pid,
+                    sock_ino: h.sock_ino,
+                    write_ts: h.write_ts,
+                    release_ts: h.release_ts,
+                    nodelay,
+                });
+            }
+            Event::Close(c) => {
+                self.conn_threads.remove(&c.conn);
+            }
+            _ => {}
+        }
+    }
+
+    /// Forgets events older than the history window.
+    pub fn prune(&mut self, now: MonoNs) {
+        let cutoff = now.saturating_sub(self.history_ns);
+        while self.syncs.front().is_some_and(|s| s.span.end < cutoff) {
+            self.syncs.pop_front();
+        }
+        while self.off_cpu.front().is_some_and(|o| o.span.end < cutoff) {
+            self.off_cpu.pop_front();
+        }
+        while self.steps.front().is_some_and(|s| s.ts < cutoff) {
+            self.steps.pop_front();
+        }
+        while self.holds.front().is_some_and(|h| h.release_ts < cutoff) {
+            self.holds.pop_front();
+        }
+        self.requests.retain(|_, m| m.last_ts >= cutoff);
+        self.conn_threads.retain(|_, (_, last)| *last >= cutoff);
+        self.unsent_writes.retain(|&(_, _, ts), _| ts >= cutoff);
+    }
+
+    /// Cause breakdowns of the chunks of `t` that were late.
+    pub fn explain(&self, t: &RequestTimeline) -> Vec<Stall> {
+        let marks = t
+            .response_id
+            .as_deref()
+            .and_then(|id| self.requests.get(id));
+        let mut threads: HashSet<(u32, u32)> = self
+            .conn_threads
+            .get(&t.conn)
+            .map(|(tids, _)| tids.iter().map(|&tid| (t.conn.pid, tid)).collect())
+            .unwrap_or_default();
+        if let Some(marks) = marks {
+            threads.extend(&marks.threads);
+        }
+        let engine_pids: HashSet<u32> = marks
+            .map(|m| m.threads.iter().map(|&(pid, _)| pid).collect())
+            .unwrap_or_default();
+        let serves = |s: &Span| threads.contains(&(s.pid, s.tid));
+        let mark_span = |a: Option<MonoNs>, b: Option<MonoNs>| match (a, b) {
+            (Some(a), Some(b)) => Intervals::union_of([(a, b)]),
+            _ => Intervals::default(),
+        };
+        let queue = marks.map_or_else(Intervals::default, |m| mark_span(m.queued, m.scheduled));
+        let prefill = marks.map_or_else(Intervals::default, |m| {
+            mark_span(m.prefill_start, m.prefill_end)
+        });
+        let syncs: Vec<&SyncWait> = self.syncs.iter().filter(|s| serves(&s.span)).collect();
+        let gpu = Intervals::union_of(syncs.iter().map(|s| (s.span.start, s.span.end)));
+        let off_cpu: Vec<&OffCpu> = self.off_cpu.iter().filter(|o| serves(&o.span)).collect();
+        let off = Intervals::union_of(off_cpu.iter().map(|o| (o.span.start, o.span.end)));
+
+        let mut stalls = Vec::new();
+        for (i, &emit) in t.chunk_ts.iter().enumerate() {
+            let start = if i == 0 {
+                t.request_start
+            } else {
+                t.chunk_ts[i - 1]
+            };
+            let gap = emit.saturating_sub(start);
+            let hold = (!t.conn.is_tls())
+                .then(|| {
+                    self.holds.iter().find(|h| {
+                        h.pid == t.conn.pid
+                            && h.sock_ino == t.conn.sock_ino
+                            && h.write_ts > start
+                            && h.write_ts <= emit
+                    })
+                })
+                .flatten();
+            let socket_ns = hold.map_or(0, |h| h.release_ts.saturating_sub(h.write_ts));
+            if gap < self.threshold_ns && socket_ns < self.threshold_ns {
+                continue;
+            }
+            let mut covered = Intervals::default();
+            let mut share = |causes: &Intervals| -> (u64, Intervals) {
+                let part = causes.clip(start, emit).minus(&covered);
+                covered = Intervals::union_of(covered.iter().chain(part.iter()).copied());
+                (part.total(), part)
+            };
+            let (queue_ns, _) = share(&queue);
+            let (prefill_ns, _) = share(&prefill);
+            let (gpu_ns, _) = share(&gpu);
+            let (off_ns, off_part) = share(&off);
+            let reason = off_cpu
+                .iter()
+                .map(|o| {
+                    let mine = Intervals::union_of([(o.span.start, o.span.end)]);
+                    let overlap = off_part.minus(&off_part.minus(&mine)).total();
+                    (overlap, off_cpu_reason(o))
+                })
+                .filter(|(overlap, _)| *overlap > 0)
+                .max_by_key(|(overlap, _)| *overlap)
+                .map(|(_, reason)| reason);
+            let explained = queue_ns + prefill_ns + gpu_ns + off_ns;
+            let batch_fan_in = self
+                .steps
+                .iter()
+                .filter(|s| engine_pids.contains(&s.pid) && s.ts > start && s.ts <= emit)
+                .map(|s| s.batch_size)
+                .max();
+            let gpu_launches = syncs
+                .iter()
+                .filter(|s| s.span.end > start && s.span.end <= emit)
+                .map(|s| s.launches)
+                .sum();
+            stalls.push(Stall {
+                chunk: i,
+                start_ms: ms(start.saturating_sub(t.request_start)),
+                gap_ms: ms(gap),
+                queue_ms: ms(queue_ns),
+                prefill_ms: ms(prefill_ns),
+                gpu_sync_ms: ms(gpu_ns),
+                off_cpu_ms: ms(off_ns),
+                off_cpu_reason: reason,
+                socket_ms: ms(socket_ns),
+                nagle: hold.is_some_and(|h| !h.nodelay),
+                unexplained_ms: ms(gap.saturating_sub(explained)),
+                batch_fan_in,
+                gpu_launches,
+            });
+        }
+        stalls
+    }
+}
+
+#[cfg(test)]
+mod tests;

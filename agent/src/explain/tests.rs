@@ -1,0 +1,206 @@
+//! Explainer tests: a hand-built timeline and the inference events an
+//! HTTP frontend (pid 10) and a separate engine (pid 20) would produce.
+
+use super::*;
+use crate::event::{
+    ConnEvent, CudaSyncCall, CudaSyncEvent, DataEvent, IoCall, OffCpuEvent, SendHoldEvent,
+    TcpSendState, UsdtEvent,
+};
+use crate::stitch::{BodyKind, RequestTimeline};
+
+const MS: u64 = 1_000_000;
+const FRONTEND: u32 = 10;
+const WRITER_TID: u32 = 11;
+const ENGINE: u32 = 20;
+const ENGINE_TID: u32 = 21;
+const CONN: ConnId = ConnId {
+    pid: FRONTEND,
+    fd: 7,
+    sock_ino: 99,
+};
+
+/// A stream starting at 1000 ms whose chunk i is emitted at `emits[i]` ms.
+fn timeline(emits: &[u64]) -> RequestTimeline {
+    RequestTimeline {
+        conn: CONN,
+        comm: "python3".into(),
+        addrs: None,
+        method: "POST".into(),
+        path: "/v1/chat/completions".into(),
+        traceparent: None,
+        tracestate: None,
+        model: None,
+        request_start: 1000 * MS,
+        request_end: 1000 * MS,
+        request_bytes: 100,
+        status: Some(200),
+        content_type: Some("text/event-stream".into()),
+        body_kind: Some(BodyKind::Sse),
+        response_start: Some(1001 * MS),
+        first_body_byte: emits.first().map(|e| e * MS),
+        chunk_ts: emits.iter().map(|e| e * MS).collect(),
+        end: emits.last().copied().unwrap_or(1000) * MS,
+        response_bytes: 1000,
+        done_seen: true,
+        aborted: false,
+        abort_reason: None,
+        response_id: Some("chatcmpl-1".into()),
+        usage: None,
+        truncated_writes: 0,
+        tls: false,
+        stalls: Vec::new(),
+    }
+}
+
+fn usdt(probe: LlmProbe, at_ms: u64, args: [u64; 3]) -> Event {
+    Event::Usdt(UsdtEvent {
+        pid: ENGINE,
+        tid: ENGINE_TID,
+        ts: at_ms * MS,
+        probe,
+        request_id: if probe == LlmProbe::BatchStep {
+            String::new()
+        } else {
+            "chatcmpl-1".into()
+        },
+        args,
+    })
+}
+
+fn sync(tid: u32, pid: u32, from_ms: u64, to_ms: u64) -> Event {
+    Event::CudaSync(CudaSyncEvent {
+        pid,
+        tid,
+        ts_enter: from_ms * MS,
+        ts_exit: to_ms * MS,
+        call: CudaSyncCall::StreamSynchronize,
+        handle: 0,
+        kernel_launches: 3,
+        graph_launches: 0,
+        memcpy_bytes: 0,
+    })
+}
+
+fn off_cpu(pid: u32, tid: u32, from_ms: u64, to_ms: u64, syscall: Option<u32>) -> Event {
+    Event::OffCpu(OffCpuEvent {
+        pid,
+        tid,
+        start: from_ms * MS,
+        end: to_ms * MS,
+        syscall,
+        state: 1,
+        in_cuda_sync: false,
+    })
+}
+
+fn write(at_ms: u64, unsent: u32, nodelay: bool) -> Event {
+    Event::Data(DataEvent {
+        conn: CONN,
+        tid: WRITER_TID,
+        comm: "python3".into(),
+        ts_enter: at_ms * MS,
+        ts_exit: at_ms * MS + 1000,
+        direction: Direction::Egress,
+        call: IoCall::Write,
+        len: 10,
+        payload: Vec::new(),
+        addrs: None,
+        tcp: Some(TcpSendState {
+            nodelay,
+            unsent_bytes: unsent,
+        }),
+    })
+}
+
+fn close_ms(x: f64, want: f64) -> bool {
+    (x - want).abs() < 0.01
+}
+
+#[test]
+fn splits_each_late_gap_between_its_causes() {
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    // Queue 1000..1200, prefill 1200..1220 (with its own sync), first
+    // token at 1230; token 1 at 1240 (on time); token 2 at 1300 after a
+    // 50 ms engine sync 1245..1295; token 3 at 1350 after the frontend
+    // writer slept 1305..1345; token 4 at 1355 but held by Nagle 40 ms.
+    let events = vec![
+        write(1001, 0, true),
+        usdt(LlmProbe::RequestQueued, 1000, [1, 0, 0]),
+        usdt(LlmProbe::RequestScheduled, 1200, [1, 0, 0]),
+        usdt(LlmProbe::PrefillStart, 1200, [0; 3]),
+        sync(ENGINE_TID, ENGINE, 1205, 1219),
+        usdt(LlmProbe::PrefillEnd, 1220, [0; 3]),
+        usdt(LlmProbe::BatchStep, 1225, [7, 2, 2]),
+        sync(ENGINE_TID, ENGINE, 1245, 1295),
+        // The frontend waits on the engine's pipe meanwhile: off-CPU, but
+        // covered by the GPU sync, which comes first.
+        off_cpu(FRONTEND, WRITER_TID, 1241, 1298, Some(0)),
+        off_cpu(FRONTEND, WRITER_TID, 1305, 1345, Some(230)),
+        // Another process's sync is not this request's.
+        sync(999, 99, 1300, 1350),
+        write(1355, 30, false),
+        Event::SendHold(SendHoldEvent {
+            pid: FRONTEND,
+            tid: WRITER_TID,
+            sock_ino: CONN.sock_ino,
+            write_ts: 1355 * MS,
+            release_ts: 1395 * MS,
+            held_bytes: 30,
+        }),
+    ];
+    for e in &events {
+        ex.observe(e);
+    }
+    let stalls = ex.explain(&timeline(&[1230, 1240, 1300, 1350, 1355]));
+    let chunks: Vec<usize> = stalls.iter().map(|s| s.chunk).collect();
+    assert_eq!(chunks, vec![0, 2, 3, 4], "{stalls:#?}");
+
+    let ttft = &stalls[0];
+    assert!(close_ms(ttft.gap_ms, 230.0), "{ttft:?}");
+    assert!(close_ms(ttft.queue_ms, 200.0), "{ttft:?}");
+    assert!(close_ms(ttft.prefill_ms, 20.0), "{ttft:?}");
+    assert_eq!(
+        ttft.gpu_sync_ms, 0.0,
+        "the prefill sync is prefill: {ttft:?}"
+    );
+    assert_eq!(ttft.batch_fan_in, Some(2));
+
+    let sync_stall = &stalls[1];
+    assert!(close_ms(sync_stall.gpu_sync_ms, 50.0), "{sync_stall:?}");
+    // 1241..1245 and 1295..1298: the pipe wait outside the sync.
+    assert!(close_ms(sync_stall.off_cpu_ms, 7.0), "{sync_stall:?}");
+    assert_eq!(sync_stall.off_cpu_reason.as_deref(), Some("io"));
+    assert!(close_ms(sync_stall.unexplained_ms, 3.0), "{sync_stall:?}");
+    assert_eq!(sync_stall.gpu_launches, 3);
+
+    let sleep_stall = &stalls[2];
+    assert!(close_ms(sleep_stall.off_cpu_ms, 40.0), "{sleep_stall:?}");
+    assert_eq!(sleep_stall.off_cpu_reason.as_deref(), Some("sleep"));
+    assert_eq!(
+        sleep_stall.gpu_sync_ms, 0.0,
+        "another process's sync: {sleep_stall:?}"
+    );
+
+    let nagle = &stalls[3];
+    assert!(close_ms(nagle.gap_ms, 5.0), "{nagle:?}");
+    assert!(close_ms(nagle.socket_ms, 40.0), "{nagle:?}");
+    assert!(nagle.nagle);
+}
+
+#[test]
+fn nothing_late_means_no_stalls_and_pruning_forgets() {
+    let mut ex = Explainer::new(30 * MS, 100 * MS);
+    ex.observe(&sync(WRITER_TID, FRONTEND, 1000, 1090));
+    assert!(ex.explain(&timeline(&[1010, 1020, 1030])).is_empty());
+    ex.prune(2000 * MS);
+    let late = ex.explain(&timeline(&[1010, 1100]));
+    assert_eq!(late.len(), 1);
+    assert_eq!(late[0].gpu_sync_ms, 0.0, "pruned sync must not count");
+    ex.observe(&Event::Close(ConnEvent {
+        conn: CONN,
+        tid: WRITER_TID,
+        comm: String::new(),
+        ts: 2000 * MS,
+        addrs: None,
+    }));
+}

@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * What every tokentrace BPF object shares: the ring buffer and the pid
+ * filter (one instance: objects loaded after the first reuse its map fds),
+ * the loss counter, and helpers to fill record headers and look at the
+ * socket behind an fd. Included by each *.bpf.c after vmlinux.h and the
+ * libbpf headers.
+ */
+#ifndef TOKENTRACE_COMMON_BPF_H
+#define TOKENTRACE_COMMON_BPF_H
+
+#include "events.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
+#define SOCK_STREAM 1
+#define IPPROTO_TCP 6
+
+/* Set by the agent before load. */
+const volatile __u64 wakeup_bytes = 256 * 1024;
+const volatile __u32 agent_tgid = 0;
+
+/* Records that did not fit in the ring buffer, read by the agent. */
+__u64 ringbuf_drops = 0;
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 16 << 20);
+} events SEC(".maps");
+
+/* tgid -> 1 for every process whose sockets are traced. Maintained by the
+ * agent; children of traced processes are added here at fork. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced_tgids SEC(".maps");
+
+static __always_inline bool is_traced(__u32 tgid)
+{
+	if (tgid == agent_tgid)
+		return false;
+	return bpf_map_lookup_elem(&traced_tgids, &tgid) != NULL;
+}
+
+static __always_inline __u64 wakeup_flags(void)
+{
+	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)
+		return BPF_RB_FORCE_WAKEUP;
+	return BPF_RB_NO_WAKEUP;
+}
+
+static __always_inline void fill_header(struct tt_event_header *hdr, __u32 kind)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	hdr->kind = kind;
+	hdr->tgid = pid_tgid >> 32;
+	hdr->tid = (__u32)pid_tgid;
+	hdr->ts_ns = bpf_ktime_get_ns();
+	/* The process name, not the thread's: uvicorn's worker threads and the
+	 * event loop all belong to one `python3`. */
+	BPF_CORE_READ_STR_INTO(&hdr->comm, task, group_leader, comm);
+}
+
+/* The socket behind `fd` in the current process if it is an IPv4/IPv6 TCP
+ * socket, else NULL. */
+static __always_inline struct sock *tcp_sock_of_fd(int fd, __u64 *ino)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+	struct file **fds = BPF_CORE_READ(task, files, fdt, fd);
+	unsigned int max_fds = BPF_CORE_READ(task, files, fdt, max_fds);
+	struct file *file = NULL;
+
+	if (fd < 0 || (unsigned int)fd >= max_fds)
+		return NULL;
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fds[fd]) || !file)
+		return NULL;
+	struct inode *inode = BPF_CORE_READ(file, f_inode);
+	umode_t mode = BPF_CORE_READ(inode, i_mode);
+	if ((mode & S_IFMT) != S_IFSOCK)
+		return NULL;
+	struct socket *sock = BPF_CORE_READ(file, private_data);
+	struct sock *sk = BPF_CORE_READ(sock, sk);
+	if (!sk)
+		return NULL;
+	__u16 family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	if (family != AF_INET && family != AF_INET6)
+		return NULL;
+	if (BPF_CORE_READ(sk, sk_type) != SOCK_STREAM || BPF_CORE_READ(sk, sk_protocol) != IPPROTO_TCP)
+		return NULL;
+	*ino = BPF_CORE_READ(inode, i_ino);
+	return sk;
+}
+
+static __always_inline void fill_addrs(struct sock *sk, struct tt_sock_addrs *a)
+{
+	a->family = BPF_CORE_READ(sk, __sk_common.skc_family);
+	a->local_port = BPF_CORE_READ(sk, __sk_common.skc_num);
+	a->remote_port = bpf_ntohs(BPF_CORE_READ(sk, __sk_common.skc_dport));
+	if (a->family == AF_INET) {
+		bpf_core_read(a->local_addr, 4, &sk->__sk_common.skc_rcv_saddr);
+		bpf_core_read(a->remote_addr, 4, &sk->__sk_common.skc_daddr);
+	} else {
+		bpf_core_read(a->local_addr, 16, &sk->__sk_common.skc_v6_rcv_saddr);
+		bpf_core_read(a->remote_addr, 16, &sk->__sk_common.skc_v6_daddr);
+	}
+}
+
+#endif /* TOKENTRACE_COMMON_BPF_H */

@@ -1,0 +1,300 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * "Why was this token late": probes inside inference processes.
+ *
+ * - `llm:*` USDT probes (one program; the USDT cookie says which probe).
+ * - CUDA runtime/driver uprobes: launches are counted per thread in a map;
+ *   synchronisation calls are timed (entry + return) and carry the launch
+ *   count since the thread's previous sync. Uprobes see work being
+ *   enqueued, not executed: GPU time is inferred from how long syncs wait.
+ * - Off-CPU intervals of traced threads (sched_switch), with the syscall
+ *   they blocked in and whether a CUDA sync was in flight.
+ *
+ * Shares the ring buffer and pid filter with sock.bpf.c (the agent reuses
+ * their fds before loading this object), so it is optional: if uprobes or
+ * tp_btf are unavailable the socket probes still work.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/usdt.bpf.h>
+#include "common.bpf.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* Shorter off-CPU intervals are not reported (set by the agent). */
+const volatile __u64 offcpu_min_ns = 1000000;
+
+/* Keep the record types and enums in BTF for the generated Rust types. */
+struct tt_usdt_event _usdt_event = {};
+struct tt_cuda_sync_event _cuda_sync_event = {};
+struct tt_offcpu_event _offcpu_event = {};
+enum tt_llm_probe _llm_probe = 0;
+enum tt_cuda_sync _cuda_sync = 0;
+
+/* ---- llm:* USDT ----------------------------------------------------------- */
+
+SEC("usdt")
+int llm_probe(struct pt_regs *ctx)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
+		return 0;
+	struct tt_usdt_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	__u32 probe = bpf_usdt_cookie(ctx);
+	int nargs = bpf_usdt_arg_cnt(ctx);
+	long value = 0;
+
+	fill_header(&e->hdr, TT_EVENT_USDT);
+	e->probe = probe;
+	e->nargs = nargs < 0 ? 0 : nargs;
+	e->request_id[0] = 0;
+	/* Every probe but batch_step starts with the request id. */
+	int first_int = probe == TT_LLM_BATCH_STEP ? 0 : 1;
+	if (first_int && bpf_usdt_arg(ctx, 0, &value) == 0)
+		bpf_probe_read_user_str(e->request_id, sizeof(e->request_id), (void *)value);
+	for (int i = 0; i < 3; i++) {
+		e->args[i] = 0;
+		if (first_int + i < nargs && bpf_usdt_arg(ctx, first_int + i, &value) == 0)
+			e->args[i] = value;
+	}
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
+
+/* ---- CUDA ------------------------------------------------------------------ */
+
+/* Work a thread enqueued since its previous sync. */
+struct cuda_work {
+	__u64 kernel_launches;
+	__u64 graph_launches;
+	__u64 memcpy_bytes;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct cuda_work);
+} cuda_work SEC(".maps");
+
+/* A sync call in flight on a thread. */
+struct cuda_call {
+	__u64 ts_enter;
+	__u64 handle;
+	__u32 call;
+	__u32 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* pid_tgid */
+	__type(value, struct cuda_call);
+} cuda_calls SEC(".maps");
+
+static __always_inline struct cuda_work *work_of_thread(__u64 pid_tgid)
+{
+	struct cuda_work *work = bpf_map_lookup_elem(&cuda_work, &pid_tgid);
+	if (work)
+		return work;
+	struct cuda_work zero = {};
+	bpf_map_update_elem(&cuda_work, &pid_tgid, &zero, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&cuda_work, &pid_tgid);
+}
+
+static __always_inline int count_launch(bool graph, __u64 memcpy_bytes)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
+		return 0;
+	struct cuda_work *work = work_of_thread(pid_tgid);
+	if (!work)
+		return 0;
+	if (memcpy_bytes)
+		__sync_fetch_and_add(&work->memcpy_bytes, memcpy_bytes);
+	else if (graph)
+		__sync_fetch_and_add(&work->graph_launches, 1);
+	else
+		__sync_fetch_and_add(&work->kernel_launches, 1);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cuda_launch_kernel)
+{
+	return count_launch(false, 0);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cuda_graph_launch)
+{
+	return count_launch(true, 0);
+}
+
+/* cudaMemcpyAsync(dst, src, count, kind, stream) */
+SEC("uprobe")
+int BPF_UPROBE(cuda_memcpy_async, void *dst, const void *src, __u64 count)
+{
+	return count_launch(false, count ? count : 1);
+}
+
+static __always_inline int sync_enter(__u32 call, __u64 handle)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
+		return 0;
+	struct cuda_call c = {
+		.ts_enter = bpf_ktime_get_ns(),
+		.handle = handle,
+		.call = call,
+	};
+	bpf_map_update_elem(&cuda_calls, &pid_tgid, &c, BPF_ANY);
+	return 0;
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cuda_stream_sync, __u64 stream)
+{
+	return sync_enter(TT_CUDA_STREAM_SYNCHRONIZE, stream);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cuda_device_sync)
+{
+	return sync_enter(TT_CUDA_DEVICE_SYNCHRONIZE, 0);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cuda_event_sync, __u64 event)
+{
+	return sync_enter(TT_CUDA_EVENT_SYNCHRONIZE, event);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cu_stream_sync, __u64 stream)
+{
+	return sync_enter(TT_CU_STREAM_SYNCHRONIZE, stream);
+}
+
+SEC("uprobe")
+int BPF_UPROBE(cu_ctx_sync)
+{
+	return sync_enter(TT_CU_CTX_SYNCHRONIZE, 0);
+}
+
+/* One return probe for every sync above. */
+SEC("uretprobe")
+int BPF_URETPROBE(cuda_sync_exit)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct cuda_call *cp = bpf_map_lookup_elem(&cuda_calls, &pid_tgid);
+
+	if (!cp)
+		return 0;
+	struct cuda_call c = *cp;
+	bpf_map_delete_elem(&cuda_calls, &pid_tgid);
+	struct tt_cuda_sync_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_CUDA_SYNC);
+	e->ts_enter_ns = c.ts_enter;
+	e->handle = c.handle;
+	e->call = c.call;
+	e->_pad = 0;
+	e->kernel_launches = 0;
+	e->graph_launches = 0;
+	e->memcpy_bytes = 0;
+	struct cuda_work *work = bpf_map_lookup_elem(&cuda_work, &pid_tgid);
+	if (work) {
+		e->kernel_launches = __sync_lock_test_and_set(&work->kernel_launches, 0);
+		e->graph_launches = __sync_lock_test_and_set(&work->graph_launches, 0);
+		e->memcpy_bytes = __sync_lock_test_and_set(&work->memcpy_bytes, 0);
+	}
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
+
+/* ---- off-CPU -------------------------------------------------------------- */
+
+struct offcpu_start {
+	__u64 ts;
+	__s64 syscall;
+	__u32 state;
+	__u32 in_cuda_sync;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32); /* tid */
+	__type(value, struct offcpu_start);
+} offcpu_starts SEC(".maps");
+
+/* The syscall `task` is in, or -1 (preempted in user space or in an IRQ:
+ * orig_ax holds the syscall number only on the syscall entry path). */
+static __always_inline __s64 current_syscall(struct task_struct *task)
+{
+	struct pt_regs *regs = (struct pt_regs *)bpf_task_pt_regs(task);
+	long orig_ax = BPF_CORE_READ(regs, orig_ax);
+	return orig_ax < 0 ? -1 : orig_ax;
+}
+
+SEC("tp_btf/sched_switch")
+int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+	     unsigned int prev_state)
+{
+	__u32 prev_tgid = prev->tgid;
+	__u32 next_tgid = next->tgid;
+	__u64 now = bpf_ktime_get_ns();
+
+	if (is_traced(prev_tgid)) {
+		__u32 tid = prev->pid;
+		__u64 pid_tgid = ((__u64)prev_tgid << 32) | tid;
+		struct offcpu_start start = {
+			.ts = now,
+			.syscall = preempt ? -1 : current_syscall(prev),
+			.state = preempt ? 0 : prev_state,
+			.in_cuda_sync = bpf_map_lookup_elem(&cuda_calls, &pid_tgid) != NULL,
+		};
+		bpf_map_update_elem(&offcpu_starts, &tid, &start, BPF_ANY);
+	}
+	if (!is_traced(next_tgid))
+		return 0;
+	__u32 next_tid = next->pid;
+	struct offcpu_start *start = bpf_map_lookup_elem(&offcpu_starts, &next_tid);
+	if (!start)
+		return 0;
+	struct offcpu_start s = *start;
+	bpf_map_delete_elem(&offcpu_starts, &next_tid);
+	if (now - s.ts < offcpu_min_ns)
+		return 0;
+	struct tt_offcpu_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	/* The header describes `next`, the thread coming back on CPU. */
+	e->hdr.kind = TT_EVENT_OFFCPU;
+	e->hdr.tgid = next_tgid;
+	e->hdr.tid = next_tid;
+	e->hdr._pad = 0;
+	e->hdr.ts_ns = now;
+	BPF_CORE_READ_STR_INTO(&e->hdr.comm, next, group_leader, comm);
+	e->start_ns = s.ts;
+	e->syscall = s.syscall;
+	e->state = s.state;
+	e->in_cuda_sync = s.in_cuda_sync;
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
