@@ -9,9 +9,11 @@
 Every --request is a JSON object merged over the base body
 {"model": "test-model", "messages": [...], "stream": true}, so it sets
 max_tokens, kernel_ms, prefill_ms and the injected causes. Each request gets
-its own connection, all connected up front; request k is sent k *
-stagger-ms after request 0 (the queue scenario: a long request, then a
-short one that waits behind it).
+its own connection, all connected up front; request k is sent stagger-ms
+after the response headers of request k-1 arrived. The frontend answers
+with headers only once it has handed the request to the engine, so the
+engine sees the requests in --request order however loaded the machine is
+(the queue scenario: a long request, then one that waits behind it).
 
 One JSON line per request on stdout, in --request order:
   {"index", "status", "response_id", "t_send_ns", "t_first_byte_ns",
@@ -41,7 +43,7 @@ mono = time.monotonic_ns
 PATH = "/v1/chat/completions"
 
 
-def run_request(conn, body):
+def run_request(conn, body, on_headers):
     rec = {
         "status": None, "response_id": None, "t_send_ns": None, "t_first_byte_ns": None,
         "chunks": 0, "chunk_arrival_ns": [], "server_write_ns": [], "delivery_ns": [],
@@ -81,6 +83,7 @@ def run_request(conn, body):
                 raise Aborted("eof before the response headers")
             if rec["t_first_byte_ns"] is None:
                 rec["t_first_byte_ns"] = t
+                on_headers()
             buf += data
         head, rest = buf.split(b"\r\n\r\n", 1)
         lines = head.split(b"\r\n")
@@ -129,7 +132,7 @@ def main():
     ap.add_argument("--request", action="append", required=True, metavar="JSON",
                     help="body fields of one request (repeat for concurrent requests)")
     ap.add_argument("--stagger-ms", type=float, default=10.0,
-                    help="delay between the sends of consecutive requests")
+                    help="delay from the response headers of one request to the next send")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-recv timeout, seconds")
     args = ap.parse_args()
     # As in stream_client.py: arrival stamps need the GIL after recv().
@@ -149,8 +152,8 @@ def main():
         bodies.append(json.dumps(body).encode())
 
     results = [None] * len(bodies)
-    start = {}
-    barrier = threading.Barrier(len(bodies), action=lambda: start.setdefault("t", mono()))
+    answered = [threading.Event() for _ in bodies]
+    barrier = threading.Barrier(len(bodies))
 
     def worker(k):
         conn = Conn(args.host, args.port, args.timeout)
@@ -162,12 +165,14 @@ def main():
             barrier.wait(timeout=60)
         except threading.BrokenBarrierError:
             pass
-        if results[k] is not None:
-            return
-        delay_ns = start.get("t", mono()) + int(k * args.stagger_ms * 1e6) - mono()
-        if delay_ns > 0:
-            time.sleep(delay_ns / 1e9)
-        results[k] = run_request(conn, bodies[k])
+        if k > 0:
+            answered[k - 1].wait(timeout=args.timeout)
+            time.sleep(args.stagger_ms / 1000)
+        if results[k] is None:
+            results[k] = run_request(conn, bodies[k], answered[k].set)
+        # Also on failure: the next request must not wait for headers
+        # that will never come.
+        answered[k].set()
         conn.close()
 
     threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(len(bodies))]
