@@ -7,25 +7,35 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_concurrency -- --test-threads=1 --nocapture
 //!
-//! Timing under this load (32 streams, the server, the 32-thread Python
-//! client and the agent on 2 cores). Measured over 3 runs per server
-//! (ms; see `Tolerance` in common/mod.rs for the decomposition):
+//! Timing: the bracket checks of `Tolerance` (common/mod.rs) hold for every
+//! request and chunk regardless of load. What widens under 32 streams on 2
+//! cores is how far both outside views are from the agent's request start
+//! for the first wave of 32 simultaneous requests. Measured (load average
+//! 2–5, other suites sharing the box), ms, p50 / p95 / max:
 //!
-//!                                           fastapi p50/p95/max    stdlib p50/p95/max
-//!   read wait (request_start − t_send)      3–6 / 40–135 / 136     0.1–0.2 / 4–50 / 61
-//!   1st chunk: arrival − agent emit         0.1 / 0.35–0.5 / 5.3   0.1 / 0.6–1.6 / 4.8
-//!   every chunk: arrival − agent emit       0.1 / 0.8–1.4 / 8.8    0.07 / 0.4–0.5 / 4.8
-//!   agent emit − server's pre-write stamp   0.02 / 0.08 / 0.26     0.05 / 0.2–0.25 / 3.6
+//!                                        fastapi (uvicorn)     stdlib http.server
+//!   request_start − client t_send         2.2 / 77 / 81         0.4 / 18 / 21
+//!   server handler start − request_start  1.4 / 71 / 72         0.1 / 2.1 / 2.8
+//!   min(|client ΔTTFT|, |server ΔTTFT|)   1.4 / 6.2 / 6.6       0.2 / 1.2 / 1.7
+//!   chunk: client arrival − agent emit    0.2 / 0.9 / 3.5       0.1 / 0.9 / 4.0
+//!   chunk: agent emit − server stamp      0.02 / 0.08 / 0.3     0.05 / 0.3 / 2.2
 //!
-//! The read wait is the first wave of 32 simultaneous requests queueing in
-//! their sockets until the server reads them (one asyncio loop parses them
-//! one by one; http.server is still starting handler threads): that time is
-//! before the agent's request start by design, so it is bounded only loosely
-//! (250 ms) and |ΔTTFT| is not asserted as a whole here. The agent-owned
-//! part of the TTFT, 1st-chunk delivery (arrival − emit), keeps the light-load
-//! bound of 2 ms for 90% of requests (outlier budget) and p95, with a hard
-//! 10 ms per request; every chunk: hard 20 ms, p99 ≤ 8 ms (measured ≤ 3.1),
-//! p50 < 1 ms; emit vs the server's stamp: ≤ 20 ms (measured ≤ 3.6).
+//! The requests wait in their sockets until the server reads them (before
+//! the agent's request start by design), and uvicorn's one asyncio loop
+//! then runs the handler of a burst request only after the other requests'
+//! reads, so neither view is close to the read for the first wave (seen: a
+//! first-wave request read 103 ms after it was sent, its handler started
+//! 29 ms after the read, on a loaded box). So the first wave gets the
+//! bracket checks only (`first_wave_exempt`, its distribution is printed);
+//! waves 2 and 3 (sent as each worker's previous stream ends) must agree
+//! within 15 ms per request and 5 ms at the median (light load: 2 / 1 ms),
+//! every chunk within 20 ms; the chunk medians keep the light-load bound
+//! (< 1 ms). The table's rows 1–3 include the first wave. Why 5 ms: with 32
+//! streams uvicorn's loop spends about half a core on token events, so even
+//! for waves 2–3 a request waits for the loop both before its read (client
+//! view) and before its handler (server view): measured p50 of the better
+//! of the two 1.6–3.1 ms for fastapi at load average 5 (http.server,
+//! one thread per connection: 0.13–0.36 ms).
 
 #[path = "common/mod.rs"]
 mod common;
@@ -34,16 +44,13 @@ use common::*;
 
 fn loaded() -> Tolerance {
     Tolerance {
-        ttft_abs_ms: 2.0,
-        outlier_frac: 0.1,
-        hard_ms: 10.0,
-        read_wait_max_ms: 250.0,
-        arrival_minus_emit_min_ms: -0.2,
-        arrival_minus_emit_max_ms: 20.0,
+        slack_ms: 0.01,
+        ttft_abs_ms: 15.0,
+        ttft_p50_ms: 5.0,
+        chunk_close_ms: 20.0,
         arrival_minus_emit_p50_ms: 1.0,
-        arrival_minus_emit_p99_ms: 8.0,
-        emit_minus_server_min_ms: -0.01,
-        emit_minus_server_max_ms: 20.0,
+        emit_minus_server_p50_ms: 1.0,
+        first_wave_exempt: true,
     }
 }
 
@@ -62,11 +69,6 @@ fn run_32(title: &str, kind: ServerKind) {
     assert_eq!(
         report.matched, 96,
         "{title}: every request matched exactly once"
-    );
-    let p95 = report.first_delivery.pct(95.0);
-    assert!(
-        p95 < 2.0,
-        "{title}: p95 of 1st chunk arrival - agent emit = {p95:.3} ms, expected < 2 ms"
     );
 }
 

@@ -35,13 +35,17 @@ t_send_unix_ns is time.time_ns() (CLOCK_REALTIME) read right before t_send_ns:
 the client's own span starts there, as an OTel SDK would stamp it.
 --traceparent sends "traceparent: 00-<random trace id>-<random span id>-01"
 and "tracestate: tokentrace-test=1"; the record's "traceparent" holds it.
-server_write_ns[i] is the "x_mono_ns" the test servers put in SSE event i
-(null when absent). A reset / EOF / timeout mid-response gives aborted: true;
+Server-side ground truth from the test servers (CLOCK_MONOTONIC ns, null when
+absent): server_req_ns = response header X-Req-Mono-Ns (handler start, after
+the server's read of the request); server_write_ns[i] = the server's stamp
+taken just before writing chunk i ("x_mono_ns" of an SSE event or of a JSON
+body, trailing " @<ns>" of a text/plain piece). A reset / EOF / timeout mid-response gives aborted: true;
 the client never crashes on it and always exits 0.
 """
 
 import argparse
 import json
+import re
 import secrets
 import socket
 import sys
@@ -49,6 +53,7 @@ import threading
 import time
 
 mono = time.monotonic_ns
+STAMP_RE = re.compile(rb" @(\d+)\n?$")
 
 
 class Aborted(Exception):
@@ -227,6 +232,7 @@ def do_request(conn, method, target, body, traceparent=None):
         "done_seen": False,
         "t_first_byte_ns": None,
         "server_write_ns": [],
+        "server_req_ns": None,
     }
     keep_alive = True
     try:
@@ -267,6 +273,10 @@ def do_request(conn, method, target, body, traceparent=None):
         for ln in lines[1:]:
             k, _, v = ln.partition(b":")
             headers[k.strip().lower().decode("latin-1")] = v.strip().decode("latin-1")
+        try:
+            rec["server_req_ns"] = int(headers["x-req-mono-ns"])
+        except (KeyError, ValueError):
+            pass
         ctype = headers.get("content-type", "")
         rec["content_type"] = ctype or None
         is_sse = ctype.split(";")[0].strip().lower() == "text/event-stream"
@@ -312,17 +322,24 @@ def do_request(conn, method, target, body, traceparent=None):
 
         sse = SseParser(on_sse_event) if is_sse else None
         body_bytes = bytearray()
+        cur_chunk = bytearray()
 
         def on_data(d, t_d):
             if sse is not None:
                 sse.feed(d, t_d)
-            elif len(body_bytes) < 1 << 20:
+                return
+            if len(body_bytes) < 1 << 20:
                 body_bytes.extend(d)
+            if len(cur_chunk) < 1 << 16:
+                cur_chunk.extend(d)
 
         def on_chunk(t_c):
             if sse is None:
                 rec["chunks"] += 1
                 rec["chunk_arrival_ns"].append(t_c)
+                m = STAMP_RE.search(bytes(cur_chunk))
+                rec["server_write_ns"].append(int(m.group(1)) if m else None)
+                cur_chunk.clear()
 
         no_body = method == "HEAD" or status in (204, 304) or 100 <= status < 200
         if no_body:
@@ -380,7 +397,10 @@ def do_request(conn, method, target, body, traceparent=None):
                 if not data:
                     break
         if sse is None and body_bytes:
-            note_json(bytes(body_bytes))
+            obj = note_json(bytes(body_bytes))
+            if rec["body_kind"] == "fixed":
+                srv = obj.get("x_mono_ns") if isinstance(obj, dict) else None
+                rec["server_write_ns"] = [srv if isinstance(srv, int) else None]
         rec["e2e_ns"] = state["t_end"] - rec["t_send_ns"]
     except Aborted as e:
         rec["aborted"] = True

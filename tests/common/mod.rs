@@ -513,7 +513,10 @@ impl Agent {
             }
         }
         if st.is_none() {
-            eprintln!("[test] tokentrace did not exit within 15 s of SIGINT; killing it");
+            eprintln!(
+                "[test] tokentrace did not exit within 15 s of SIGINT; killing it. Threads:\n    {}",
+                threads_report(self.proc.pid())
+            );
             self.proc.kill();
         }
         st
@@ -522,6 +525,36 @@ impl Agent {
     pub fn values(&self) -> Vec<Value> {
         self.lines.iter().map(|l| l.v.clone()).collect()
     }
+}
+
+/// Thread names, states and wait channels of a process, for hang reports.
+pub fn threads_report(pid: u32) -> String {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return format!("(no /proc/{pid}/task)");
+    };
+    for t in dir.flatten() {
+        let p = t.path();
+        let comm = std::fs::read_to_string(p.join("comm")).unwrap_or_default();
+        let wchan = std::fs::read_to_string(p.join("wchan")).unwrap_or_default();
+        let stat = std::fs::read_to_string(p.join("stat")).unwrap_or_default();
+        let state = stat
+            .rsplit(')')
+            .next()
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or("?")
+            .to_string();
+        let stack = std::fs::read_to_string(p.join("stack")).unwrap_or_default();
+        let top: Vec<&str> = stack.lines().take(4).collect();
+        out.push(format!(
+            "tid {} {:<16} state {state} wchan {wchan} {}",
+            t.file_name().to_string_lossy(),
+            comm.trim(),
+            top.join(" <- ")
+        ));
+    }
+    out.sort();
+    out.join("\n    ")
 }
 
 /// The CLI contract after SIGINT: exit status 0, only JSON on stdout.
@@ -553,11 +586,15 @@ pub struct ClientRecord {
     pub t_send_ns: Option<u64>,
     pub chunk_arrival_ns: Vec<u64>,
     pub server_write_ns: Vec<Option<u64>>,
+    /// Server handler start (`X-Req-Mono-Ns`), after its read of the request.
+    pub server_req_ns: Option<u64>,
     pub ttft_ns: Option<u64>,
     pub e2e_ns: Option<u64>,
     pub aborted: bool,
     pub error: Option<String>,
     pub body_kind: Option<String>,
+    /// Worker-local sequence number of the request.
+    pub seq: Option<u64>,
     /// Concurrency of the client run this request belonged to.
     pub concurrency: u32,
     pub raw: Value,
@@ -583,11 +620,13 @@ impl ClientRecord {
                 .and_then(Value::as_array)
                 .map(|a| a.iter().map(Value::as_u64).collect())
                 .unwrap_or_default(),
+            server_req_ns: v.get("server_req_ns").and_then(Value::as_u64),
             ttft_ns: v.get("ttft_ns").and_then(Value::as_u64),
             e2e_ns: v.get("e2e_ns").and_then(Value::as_u64),
             aborted: v.get("aborted").and_then(Value::as_bool).unwrap_or(false),
             error: str_field(&v, "error"),
             body_kind: str_field(&v, "body_kind"),
+            seq: v.get("seq").and_then(Value::as_u64),
             concurrency: 1,
             raw: v,
         }
@@ -772,91 +811,70 @@ impl Dist {
 
 /// Bounds the comparison asserts (all in milliseconds).
 ///
-/// How client and agent TTFT relate: the agent starts the clock when the
-/// server's read of the request returns (design: "request start = the first
-/// ingress byte", as the server process sees it) and stops it at the entry
-/// of the write carrying the first chunk. The client starts before its
-/// send and stops when its recv returns. So
+/// Brackets, not distances. Every agent timestamp has a physical bracket
+/// measured by someone else on the same clock (CLOCK_MONOTONIC):
 ///
-///   client TTFT − agent TTFT = read wait + delivery, where
-///   read wait = agent request_start − client t_send   (the request sits in
-///               the socket until the server reads it), and
-///   delivery  = client first arrival − agent first emit.
+///   client t_send  ≤  agent request_start  ≤  server handler start
+///     (the client sends before the server's read returns; the server's
+///     handler runs after it; `X-Req-Mono-Ns`)
+///   server stamp   ≤  agent chunk emit     ≤  client arrival
+///     (the server stamps just before the write; the agent takes the write's
+///     entry; the client's recv returns after it)
 ///
-/// Both are ≥ 0 (asserted, with 10 µs / 0.2 ms of slack for float rounding).
-/// Sequentially (one connection, idle server) both are loopback + wake-up
-/// latencies: |ΔTTFT| p50 ≈ 0.1–0.3 ms, and < 2 ms (`ttft_abs_ms`) is
-/// asserted per request. When several requests arrive at once, a
-/// single-threaded server (uvicorn's one asyncio loop) reads them one after
-/// another: the later ones wait in the socket receive queue, time the agent
-/// by design does not count (it cannot see the request before the read). For
-/// client runs with concurrency > 1 the read wait is bounded separately
-/// (`read_wait_max_ms`) and the agent-owned part (delivery) gets
-/// `ttft_abs_ms`.
-///
-/// Scheduling noise: on the shared 2-core box, with other builds running,
-/// we measured single 4–6 ms hiccups in otherwise quiet sequential runs
-/// (e.g. one read wait of 4.25 ms among 16 requests; one chunk arrival 5.7 ms
-/// after its emit among 65). Such a hiccup is the server or the client not
-/// getting a core, not the agent mis-timing, so the 2 ms bound may be
-/// exceeded by at most `outlier_frac` of the requests (at least 1), each
-/// still under `hard_ms`; outliers are printed with their decomposition. A
-/// systematic agent error (a shifted request start or emit time) moves every
-/// request and still fails.
+/// A correct agent is inside every bracket whatever the scheduling noise,
+/// so these are asserted for every request and every chunk (with `slack_ms`
+/// for the agent's µs rounding). Noise only widens brackets. How tight the
+/// agent is inside them is then measured two ways: against the client (what
+/// users see: includes the request's wait in the socket before the server
+/// reads it, and the client's wake-up) and against the server's own stamps
+/// (the design's "server-side truth for tight assertions"). For each request
+/// the better of the two must agree within `ttft_abs_ms` (client TTFT −
+/// agent TTFT, or agent TTFT − (server first-chunk stamp − handler start));
+/// for each chunk the agent's emit must be within `chunk_close_ms` of the
+/// client's arrival or of the server's stamp. A request only the server-side
+/// truth vouches for is listed as a client-side outlier. Medians must stay
+/// tight (`*_p50_ms`), so a box too noisy to prove anything fails loudly.
 #[derive(Debug, Clone)]
 pub struct Tolerance {
-    /// |client TTFT − agent TTFT| for sequential runs; |client first
-    /// arrival − agent first emit| for concurrent runs.
+    /// Rounding slack on bracket checks (the agent prints ms with 3
+    /// decimals).
+    pub slack_ms: f64,
+    /// Per request: min(|client TTFT − agent TTFT|, |agent TTFT − server
+    /// TTFT|) below this.
     pub ttft_abs_ms: f64,
-    /// Share of requests allowed over `ttft_abs_ms` (at least one).
-    pub outlier_frac: f64,
-    /// No request's |ΔTTFT| (sequential) / delivery (concurrent) may exceed
-    /// this, outlier or not.
-    pub hard_ms: f64,
-    /// Concurrent runs only: agent request_start − client t_send at most
-    /// this (sequential runs: covered by the TTFT bounds).
-    pub read_wait_max_ms: f64,
-    /// client arrival − agent emit, per chunk: must lie in [min, max].
-    /// min < 0 means "the agent's emit may be this much later than the
-    /// arrival" (float rounding of chunk_offsets_ms only: physically the
-    /// write precedes the arrival).
-    pub arrival_minus_emit_min_ms: f64,
-    pub arrival_minus_emit_max_ms: f64,
-    /// p50 and p99 of client arrival − agent emit over all chunks at most
-    /// these.
+    /// p50 over requests of that minimum.
+    pub ttft_p50_ms: f64,
+    /// Per chunk: min(client arrival − emit, emit − server stamp) below this.
+    pub chunk_close_ms: f64,
+    /// p50 over chunks of client arrival − agent emit, and of agent emit −
+    /// server stamp.
     pub arrival_minus_emit_p50_ms: f64,
-    pub arrival_minus_emit_p99_ms: f64,
-    /// agent emit − server's own CLOCK_MONOTONIC stamp taken just before
-    /// the write, per SSE chunk: must lie in [min, max].
-    pub emit_minus_server_min_ms: f64,
-    pub emit_minus_server_max_ms: f64,
+    pub emit_minus_server_p50_ms: f64,
+    /// Concurrent runs: the first request of every worker (all sent at once)
+    /// gets the bracket checks only, not the TTFT agreement bounds: in such a
+    /// burst no outside view is near the server's read (see
+    /// ebpf_concurrency.rs).
+    pub first_wave_exempt: bool,
 }
 
 impl Tolerance {
-    /// Light load (≤ 4 concurrent streams) on a 2-core machine. Measured
-    /// (8 scenarios × 3 runs, fastapi + http.server): |ΔTTFT| sequential p50
-    /// 0.08–0.3, max 0.7 ms except single 3–4.4 ms hiccups; chunk arrival −
-    /// emit p50 0.1–0.2, p99 0.5–2.0 (4.6 once, in a noisy stretch while
-    /// other builds ran), max 5.7 ms; emit − server stamp p50 0.02–0.2, max
-    /// 4.7 ms (http.server preempted between its three writes); read wait in
-    /// a burst of 4 into uvicorn ≤ 4.7 ms.
+    /// Light load (≤ 4 concurrent streams) on a 2-core machine. Measured on
+    /// a quiet box (8 scenarios, fastapi + http.server): |client ΔTTFT| p50
+    /// 0.08–0.3 ms, max 0.7 ms apart from single 3–7 ms hiccups; chunk
+    /// arrival − emit p50 0.1–0.2 ms, p99 ≤ 2 ms; emit − server stamp p50
+    /// 0.02–0.2 ms. With other builds and test suites sharing the 2 cores,
+    /// client-side deltas of 17–60 ms were seen (client starved), while the
+    /// server-side ones stayed under 5 ms.
     pub fn light() -> Self {
         Tolerance {
+            slack_ms: 0.01,
             ttft_abs_ms: 2.0,
-            outlier_frac: 0.1,
-            hard_ms: 10.0,
-            read_wait_max_ms: 20.0,
-            arrival_minus_emit_min_ms: -0.2,
-            arrival_minus_emit_max_ms: 10.0,
+            ttft_p50_ms: 1.0,
+            chunk_close_ms: 5.0,
             arrival_minus_emit_p50_ms: 1.0,
-            arrival_minus_emit_p99_ms: 6.0,
-            emit_minus_server_min_ms: -0.01,
-            emit_minus_server_max_ms: 5.0,
+            emit_minus_server_p50_ms: 1.0,
+            first_wave_exempt: false,
         }
-    }
-
-    fn allowed_outliers(&self, n: usize) -> usize {
-        ((n as f64 * self.outlier_frac).floor() as usize).max(1)
     }
 }
 
@@ -873,31 +891,39 @@ pub struct Expect {
 #[derive(Debug, Default)]
 pub struct Report {
     pub failures: Vec<String>,
-    pub ttft_abs: Dist,
-    pub ttft_abs_seq: Dist,
-    pub ttft_signed: Dist,
-    pub first_delivery: Dist,
+    pub matched: usize,
+    /// client TTFT − agent TTFT
+    pub ttft_client: Dist,
+    /// agent TTFT − server TTFT (handler start → first chunk stamp)
+    pub ttft_server: Dist,
+    /// per request, the smaller of |client Δ| and |server Δ|
+    pub ttft_best: Dist,
+    /// agent request_start − client t_send
+    pub read_wait: Dist,
+    /// server handler start − agent request_start
+    pub handler_after_read: Dist,
     pub arrival_minus_emit: Dist,
     pub emit_minus_server: Dist,
-    pub start_minus_send: Dist,
+    /// client e2e − agent e2e (printed only)
     pub e2e_signed: Dist,
-    pub matched: usize,
-    /// Requests over `ttft_abs_ms` but under `hard_ms`.
-    pub ttft_outliers: Vec<String>,
-    pub ttft_checked: usize,
+    /// Requests over `ttft_abs_ms` client-side that server-side truth vouches for.
+    pub client_outliers: Vec<String>,
+    /// `ttft_best` of first-wave requests exempted by `first_wave_exempt`.
+    pub first_wave_best: Dist,
 }
 
 impl Report {
     pub fn new() -> Self {
         Report {
-            ttft_abs: Dist::new("|client TTFT - agent TTFT|, all"),
-            ttft_abs_seq: Dist::new("|client TTFT - agent TTFT|, sequential runs"),
-            ttft_signed: Dist::new("client TTFT - agent TTFT"),
-            first_delivery: Dist::new("1st chunk: client arrival - agent emit"),
-            arrival_minus_emit: Dist::new("client chunk arrival - agent chunk emit"),
-            emit_minus_server: Dist::new("agent chunk emit - server write stamp"),
-            start_minus_send: Dist::new("read wait: agent request_start - client t_send"),
-            e2e_signed: Dist::new("client e2e - agent e2e"),
+            ttft_client: Dist::new("TTFT: client - agent"),
+            ttft_server: Dist::new("TTFT: agent - server (handler->1st stamp)"),
+            ttft_best: Dist::new("TTFT: min(|client d|, |server d|)"),
+            read_wait: Dist::new("agent request_start - client t_send"),
+            handler_after_read: Dist::new("server handler start - agent req start"),
+            arrival_minus_emit: Dist::new("chunk: client arrival - agent emit"),
+            emit_minus_server: Dist::new("chunk: agent emit - server stamp"),
+            e2e_signed: Dist::new("e2e: client - agent"),
+            first_wave_best: Dist::new("TTFT: min(..), first wave (not asserted)"),
             ..Default::default()
         }
     }
@@ -905,11 +931,12 @@ impl Report {
     pub fn print(&self, title: &str) {
         eprintln!("==== {title}: {} requests matched ====", self.matched);
         for d in [
-            &self.ttft_abs,
-            &self.ttft_abs_seq,
-            &self.ttft_signed,
-            &self.first_delivery,
-            &self.start_minus_send,
+            &self.ttft_client,
+            &self.ttft_server,
+            &self.ttft_best,
+            &self.first_wave_best,
+            &self.read_wait,
+            &self.handler_after_read,
             &self.arrival_minus_emit,
             &self.emit_minus_server,
             &self.e2e_signed,
@@ -918,41 +945,30 @@ impl Report {
                 eprintln!("  {}", d.summary());
             }
         }
-    }
-
-    /// Turns the outlier budget and the chunk p99 into failures.
-    pub fn apply_budgets(&mut self, tol: &Tolerance) {
-        let allowed = tol.allowed_outliers(self.ttft_checked);
-        if self.ttft_outliers.len() > allowed {
-            self.failures.push(format!(
-                "{} of {} requests over the {} ms TTFT bound (at most {allowed} scheduling outliers allowed):\n    {}",
-                self.ttft_outliers.len(),
-                self.ttft_checked,
-                tol.ttft_abs_ms,
-                self.ttft_outliers.join("\n    ")
-            ));
-        } else if !self.ttft_outliers.is_empty() {
+        if !self.client_outliers.is_empty() {
             eprintln!(
-                "  tolerated {} scheduling outlier(s) over {} ms (budget {allowed}):\n    {}",
-                self.ttft_outliers.len(),
-                tol.ttft_abs_ms,
-                self.ttft_outliers.join("\n    ")
+                "  {} request(s) over the TTFT bound client-side, within it server-side (client starved or request queued in the socket):\n    {}",
+                self.client_outliers.len(),
+                self.client_outliers.join("\n    ")
             );
         }
-        if !self.arrival_minus_emit.xs.is_empty() {
-            let p50 = self.arrival_minus_emit.pct(50.0);
-            if p50 > tol.arrival_minus_emit_p50_ms {
-                self.failures.push(format!(
-                    "p50 of chunk arrival - agent emit is {p50:.3} ms > {} ms",
-                    tol.arrival_minus_emit_p50_ms
-                ));
-            }
-            let p99 = self.arrival_minus_emit.pct(99.0);
-            if p99 > tol.arrival_minus_emit_p99_ms {
-                self.failures.push(format!(
-                    "p99 of chunk arrival - agent emit is {p99:.3} ms > {} ms",
-                    tol.arrival_minus_emit_p99_ms
-                ));
+    }
+
+    /// Median checks: the brackets must be tight enough to mean something.
+    pub fn apply_budgets(&mut self, tol: &Tolerance) {
+        for (d, bound) in [
+            (&self.ttft_best, tol.ttft_p50_ms),
+            (&self.arrival_minus_emit, tol.arrival_minus_emit_p50_ms),
+            (&self.emit_minus_server, tol.emit_minus_server_p50_ms),
+        ] {
+            if !d.xs.is_empty() {
+                let p50 = d.pct(50.0);
+                if p50 > bound {
+                    self.failures.push(format!(
+                        "p50 of {} is {p50:.3} ms > {bound} ms (agent mis-timing, or a box too loaded to measure)",
+                        d.name
+                    ));
+                }
             }
         }
     }
@@ -961,15 +977,8 @@ impl Report {
     pub fn assert_ok(&self, title: &str) {
         if !self.failures.is_empty() {
             let n = self.failures.len();
-            let shown: Vec<&String> = self.failures.iter().take(40).collect();
-            panic!(
-                "{title}: {n} check(s) failed:\n  {}",
-                shown
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join("\n  ")
-            );
+            let shown: Vec<&str> = self.failures.iter().take(40).map(String::as_str).collect();
+            panic!("{title}: {n} check(s) failed:\n  {}", shown.join("\n  "));
         }
     }
 }
@@ -1120,74 +1129,114 @@ pub fn compare(
             continue;
         };
         let Some(t_send) = c.t_send_ns else { continue };
-        // request_start is the exit of the server's read: after the client's send
-        let sms = (rs as f64 - t_send as f64) / 1e6;
-        report.start_minus_send.push(sms);
-        if sms < -0.01 {
+        let slack = tol.slack_ms;
+        let ms = |a: u64, b: u64| (a as f64 - b as f64) / 1e6;
+        // bracket: client t_send <= request_start <= server handler start
+        let wait = ms(rs, t_send);
+        report.read_wait.push(wait);
+        if wait < -slack {
             f.push(ctx(format!(
-                "agent request_start_ns is {:.3} ms BEFORE the client sent the request (clock mismatch? request_start_ns must be CLOCK_MONOTONIC)",
-                -sms
+                "agent request_start_ns is {:.3} ms BEFORE the client sent the request (must be CLOCK_MONOTONIC, the read's exit)",
+                -wait
             )));
         }
-        // TTFT (see `Tolerance` for the decomposition)
+        if let Some(h) = c.server_req_ns {
+            let hr = ms(h, rs);
+            report.handler_after_read.push(hr);
+            if hr < -slack {
+                f.push(ctx(format!(
+                    "agent request_start_ns is {:.3} ms AFTER the server's handler started (request start must be the read that brought the request)",
+                    -hr
+                )));
+            }
+        }
+        // TTFT, measured both ways
+        let stamp0 = c.server_write_ns.first().copied().flatten();
         match (f64_field(a, "ttft_ms"), c.ttft_ns) {
             (Some(at), Some(ct)) => {
                 let ct = ct as f64 / 1e6;
-                let d = ct - at;
-                let delivery = d - sms;
-                report.ttft_signed.push(d);
-                report.ttft_abs.push(d.abs());
-                report.first_delivery.push(delivery);
-                report.ttft_checked += 1;
-                let (what, x) = if c.concurrency <= 1 {
-                    report.ttft_abs_seq.push(d.abs());
-                    ("|client TTFT - agent TTFT|", d.abs())
-                } else {
-                    if sms > tol.read_wait_max_ms {
-                        f.push(ctx(format!(
-                            "read wait (agent request_start - client t_send) {sms:.3} ms > {} ms",
-                            tol.read_wait_max_ms
-                        )));
+                let dc = ct - at;
+                report.ttft_client.push(dc);
+                if dc < -slack {
+                    f.push(ctx(format!("agent TTFT {at:.3} ms > client TTFT {ct:.3} ms: outside the client's bracket")));
+                }
+                let ds = match (c.server_req_ns, stamp0) {
+                    (Some(h), Some(s0)) => {
+                        let st = ms(s0, h);
+                        let ds = at - st;
+                        report.ttft_server.push(ds);
+                        if ds < -slack {
+                            f.push(ctx(format!(
+                                "agent TTFT {at:.3} ms < server TTFT {st:.3} ms (handler start -> 1st chunk stamp): outside the server's bracket"
+                            )));
+                        }
+                        Some(ds)
                     }
-                    ("|1st chunk arrival - agent emit|", delivery.abs())
+                    _ => None,
                 };
+                let best = ds.map_or(dc.abs(), |ds| dc.abs().min(ds.abs()));
+                let exempt = tol.first_wave_exempt && c.concurrency > 1 && c.seq == Some(0);
+                if exempt {
+                    report.first_wave_best.push(best);
+                } else {
+                    report.ttft_best.push(best);
+                }
                 let line = format!(
-                    "{what} = {x:.3} ms (client TTFT {ct:.3}, agent TTFT {at:.3}, read wait {sms:.3}, delivery {delivery:.3})"
+                    "client TTFT {ct:.3}, agent TTFT {at:.3}: client - agent {dc:.3}, agent - server {}, read wait {wait:.3}",
+                    ds.map_or("n/a".to_string(), |d| format!("{d:.3}"))
                 );
-                if x >= tol.hard_ms {
-                    f.push(ctx(format!("{line} >= hard bound {} ms", tol.hard_ms)));
-                } else if x >= tol.ttft_abs_ms {
-                    report.ttft_outliers.push(ctx(line));
+                if exempt {
+                    // bracket-checked above; agreement not asserted
+                } else if best >= tol.ttft_abs_ms {
+                    f.push(ctx(format!(
+                        "TTFT off by >= {} ms both client- and server-side: {line}",
+                        tol.ttft_abs_ms
+                    )));
+                } else if dc.abs() >= tol.ttft_abs_ms {
+                    report.client_outliers.push(ctx(line));
                 }
             }
             (at, ct) => f.push(ctx(format!("TTFT missing: agent {at:?}, client {ct:?}"))),
         }
-        // e2e, reported only (the final write is the terminating chunk)
+        // e2e, printed only (the final write is the terminating chunk)
         if let (Some(ae), Some(ce)) = (f64_field(a, "e2e_ms"), c.e2e_ns) {
             report.e2e_signed.push(ce as f64 / 1e6 - ae);
         }
-        // every chunk
+        // every chunk: server stamp <= emit <= client arrival
         for (i, off) in offsets.iter().enumerate() {
             let Some(&arr) = c.chunk_arrival_ns.get(i) else {
                 break;
             };
-            let d = (arr as f64 - rs as f64) / 1e6 - off;
-            report.arrival_minus_emit.push(d);
-            if d < tol.arrival_minus_emit_min_ms || d > tol.arrival_minus_emit_max_ms {
+            let ae = ms(arr, rs) - off;
+            report.arrival_minus_emit.push(ae);
+            if ae < -slack {
                 f.push(ctx(format!(
-                    "chunk {i}: client arrival - agent emit = {d:.3} ms, outside [{}, {}]",
-                    tol.arrival_minus_emit_min_ms, tol.arrival_minus_emit_max_ms
+                    "chunk {i}: agent emit is {:.3} ms AFTER the client received it",
+                    -ae
                 )));
             }
-            if let Some(Some(sw)) = c.server_write_ns.get(i) {
-                let e = off - (*sw as f64 - rs as f64) / 1e6;
-                report.emit_minus_server.push(e);
-                if e < tol.emit_minus_server_min_ms || e > tol.emit_minus_server_max_ms {
+            let es = c
+                .server_write_ns
+                .get(i)
+                .copied()
+                .flatten()
+                .map(|sw| off - ms(sw, rs));
+            if let Some(es) = es {
+                report.emit_minus_server.push(es);
+                if es < -slack {
                     f.push(ctx(format!(
-                        "chunk {i}: agent emit - server write stamp = {e:.3} ms, outside [{}, {}]",
-                        tol.emit_minus_server_min_ms, tol.emit_minus_server_max_ms
+                        "chunk {i}: agent emit is {:.3} ms BEFORE the server stamped it (just before its write)",
+                        -es
                     )));
                 }
+            }
+            let close = es.map_or(ae, |es| es.min(ae));
+            if close > tol.chunk_close_ms {
+                f.push(ctx(format!(
+                    "chunk {i}: agent emit {ae:.3} ms before the client's arrival and {} after the server's stamp: neither within {} ms",
+                    es.map_or("n/a".to_string(), |e| format!("{e:.3} ms")),
+                    tol.chunk_close_ms
+                )));
             }
         }
     }

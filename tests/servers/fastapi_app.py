@@ -31,10 +31,14 @@ POST /v1/stream-text
     first after ttft_ms, then one every token_delay_ms. N chunks.
 GET /health -> {"status": "ok"}
 
-Every SSE data event (not [DONE]) carries ``"x_mono_ns"``: the server's
-CLOCK_MONOTONIC (time.monotonic_ns(), the clock of bpf_ktime_get_ns) taken
-just before the event is handed to the transport: server-side ground truth
-for the emit time, read back by tests/clients/stream_client.py.
+Server-side ground truth, all CLOCK_MONOTONIC ns (time.monotonic_ns(), the
+clock of bpf_ktime_get_ns), read back by tests/clients/stream_client.py:
+  * response header ``X-Req-Mono-Ns``: taken when the handler starts, i.e.
+    after the server's read of the request returned;
+  * ``"x_mono_ns"`` in every SSE data event (not [DONE]) and in the
+    non-streaming JSON body, and `` @<ns>`` at the end of every text piece:
+    taken just before the chunk is handed to the transport (so before the
+    write that carries it).
 """
 
 import argparse
@@ -86,7 +90,7 @@ def _crash():
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-async def _events(body, rid, model):
+async def _events(body, rid, model, t_req):
     """Yields the JSON payloads of the data events (without [DONE])."""
     n, delay, ttft, crash = _params(body)
     created = int(time.time())
@@ -106,6 +110,7 @@ async def _events(body, rid, model):
             "model": model,
             "choices": [{"index": 0, "delta": delta, "finish_reason": None}],
         }
+        ev["x_req_mono_ns"] = t_req
         ev["x_mono_ns"] = time.monotonic_ns()
         yield json.dumps(ev, separators=(",", ":"))
     await asyncio.sleep(delay)
@@ -119,23 +124,29 @@ async def _events(body, rid, model):
         "choices": [],
         "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
     }
+    usage["x_req_mono_ns"] = t_req
     usage["x_mono_ns"] = time.monotonic_ns()
     yield json.dumps(usage, separators=(",", ":"))
 
 
-async def _starlette_sse(body, rid, model):
-    async for payload in _events(body, rid, model):
+async def _starlette_sse(body, rid, model, t_req):
+    async for payload in _events(body, rid, model, t_req):
         yield f"data: {payload}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
 
-async def _sse_starlette_gen(body, rid, model):
-    async for payload in _events(body, rid, model):
+async def _sse_starlette_gen(body, rid, model, t_req):
+    async for payload in _events(body, rid, model, t_req):
         yield {"data": payload}
     yield {"data": "[DONE]"}
 
 
+def _req_headers(t_req):
+    return {"X-Req-Mono-Ns": str(t_req)}
+
+
 async def _completion(request: Request, force_sse_starlette: bool):
+    t_req = time.monotonic_ns()
     body = await request.json()
     rid = _new_id("chatcmpl" if not force_sse_starlette else "cmpl")
     model = body.get("model", "test-model")
@@ -144,8 +155,14 @@ async def _completion(request: Request, force_sse_starlette: bool):
         if impl == "sse-starlette":
             if EventSourceResponse is None:
                 return JSONResponse({"error": "sse-starlette not installed"}, status_code=500)
-            return EventSourceResponse(_sse_starlette_gen(body, rid, model), ping=600)
-        return StreamingResponse(_starlette_sse(body, rid, model), media_type="text/event-stream")
+            return EventSourceResponse(
+                _sse_starlette_gen(body, rid, model, t_req), ping=600, headers=_req_headers(t_req)
+            )
+        return StreamingResponse(
+            _starlette_sse(body, rid, model, t_req),
+            media_type="text/event-stream",
+            headers=_req_headers(t_req),
+        )
     n, _delay, ttft, _crash_after = _params(body)
     await asyncio.sleep(ttft)
     text = "".join(_token(i) for i in range(n))
@@ -163,7 +180,10 @@ async def _completion(request: Request, force_sse_starlette: bool):
                 }
             ],
             "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
-        }
+            "x_req_mono_ns": t_req,
+            "x_mono_ns": time.monotonic_ns(),
+        },
+        headers=_req_headers(t_req),
     )
 
 
@@ -179,6 +199,7 @@ async def completions(request: Request):
 
 @app.post("/v1/stream-text")
 async def stream_text(request: Request):
+    t_req = time.monotonic_ns()
     try:
         body = await request.json()
     except Exception:
@@ -190,9 +211,9 @@ async def stream_text(request: Request):
         for i in range(n):
             if i > 0:
                 await asyncio.sleep(delay)
-            yield f"piece-{i}{_token(i)}\n".encode()
+            yield f"piece-{i}{_token(i)} @{time.monotonic_ns()}\n".encode()
 
-    return StreamingResponse(gen(), media_type="text/plain")
+    return StreamingResponse(gen(), media_type="text/plain", headers=_req_headers(t_req))
 
 
 @app.get("/health")

@@ -22,8 +22,13 @@ Endpoints (same as tests/servers/fastapi_app.py):
   POST /v1/stream-text       chunked text/plain, N pieces
   GET  /health
 
-Every SSE data event carries "x_mono_ns" = time.monotonic_ns() taken just
-before its first write (CLOCK_MONOTONIC, the clock of bpf_ktime_get_ns).
+Server-side ground truth, all CLOCK_MONOTONIC ns (time.monotonic_ns(), the
+clock of bpf_ktime_get_ns):
+  * response header X-Req-Mono-Ns: taken when do_GET/do_POST starts, i.e.
+    after the read that brought the request headers returned;
+  * "x_mono_ns" in every SSE data event and in the non-streaming JSON body,
+    " @<ns>" at the end of every text piece: taken just before the first
+    write of that chunk.
 
 --realistic: demo pacing for `cargo xtask demo`: prefill 120-250 ms, inter-
 token latency 15-45 ms with jitter (occasional longer stall), model name
@@ -159,6 +164,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def _start_chunked(self, content_type):
         self.send_response(200)
+        self.send_header("X-Req-Mono-Ns", str(self.t_req))
         self.send_header("Content-Type", content_type)
         self.send_header("Cache-Control", "no-cache")
         self.send_header("Transfer-Encoding", "chunked")
@@ -177,9 +183,13 @@ class Handler(BaseHTTPRequestHandler):
         sys.stdout.flush()
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def _send_json(self, obj, status=200):
+    def _send_json(self, obj, status=200, stamp=False):
+        if stamp:
+            obj["x_req_mono_ns"] = self.t_req
+            obj["x_mono_ns"] = time.monotonic_ns()
         data = json.dumps(obj, separators=(",", ":")).encode()
         self.send_response(status)
+        self.send_header("X-Req-Mono-Ns", str(self.t_req))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -187,6 +197,7 @@ class Handler(BaseHTTPRequestHandler):
 
     # ---------------------------------------------------------------- handlers
     def do_GET(self):
+        self.t_req = time.monotonic_ns()
         path = self.path.split("?", 1)[0]
         if path == "/health":
             self._send_json({"status": "ok"})
@@ -194,6 +205,7 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json({"error": "not found"}, status=404)
 
     def do_POST(self):
+        self.t_req = time.monotonic_ns()
         path = self.path.split("?", 1)[0]
         body = self._read_body()
         try:
@@ -231,6 +243,7 @@ class Handler(BaseHTTPRequestHandler):
                 "model": model,
                 "choices": [{"index": 0, "delta": d, "finish_reason": None}],
             }
+            ev["x_req_mono_ns"] = self.t_req
             ev["x_mono_ns"] = time.monotonic_ns()
             self._write_chunk(b"data: " + json.dumps(ev, separators=(",", ":")).encode() + b"\n\n")
         time.sleep(delay(n))
@@ -244,6 +257,7 @@ class Handler(BaseHTTPRequestHandler):
             "choices": [],
             "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
         }
+        usage["x_req_mono_ns"] = self.t_req
         usage["x_mono_ns"] = time.monotonic_ns()
         self._write_chunk(b"data: " + json.dumps(usage, separators=(",", ":")).encode() + b"\n\n")
         self._write_chunk(b"data: [DONE]\n\n")
@@ -267,7 +281,8 @@ class Handler(BaseHTTPRequestHandler):
                     }
                 ],
                 "usage": {"prompt_tokens": 12, "completion_tokens": n, "total_tokens": 12 + n},
-            }
+            },
+            stamp=True,
         )
 
     def _stream_text(self, body):
@@ -277,7 +292,7 @@ class Handler(BaseHTTPRequestHandler):
         for i in range(n):
             if i > 0:
                 time.sleep(delay(i))
-            self._write_chunk(f"piece-{i}{self._token(i)}\n".encode())
+            self._write_chunk(f"piece-{i}{self._token(i)} @{time.monotonic_ns()}\n".encode())
         self._end_chunked()
 
 
