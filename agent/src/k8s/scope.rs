@@ -221,6 +221,74 @@ mod tests {
     }
 
     #[test]
+    fn tracker_traces_only_processes_in_scope() {
+        use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
+        use crate::event::{Event, ListenEvent, ProcEvent};
+
+        let uid = "8a1f0c2e-5b7d-4e3a-9f21-6c0d8e4b2a17";
+        let dir = std::env::temp_dir().join(format!("tokentrace-scope-{}", std::process::id()));
+        for (pid, cgroup) in [
+            (
+                10,
+                format!("0::/kubepods/burstable/pod{uid}/{}\n", "a".repeat(64)),
+            ),
+            (11, "0::/system.slice/sshd.service\n".to_string()),
+        ] {
+            std::fs::create_dir_all(dir.join(pid.to_string())).expect("tmp dir");
+            std::fs::write(dir.join(pid.to_string()).join("cgroup"), cgroup).expect("write");
+        }
+        let metadata = Metadata::for_tests(dir.clone());
+        metadata.add_pod_for_tests(crate::k8s::PodMeta {
+            name: "vllm-0".into(),
+            namespace: "llm".into(),
+            uid: uid.into(),
+            node: None,
+            labels: labels(&[("app", "vllm")]),
+            workload: None,
+            service_name: None,
+            containers: Default::default(),
+        });
+        let scope = PodScope::new(
+            PodFilter {
+                namespaces: vec!["llm".into()],
+                labels: LabelSelector::default(),
+            },
+            metadata,
+        );
+        let selector = Selector {
+            comm: Some(regex::Regex::new("^python").expect("regex")),
+            ports: vec![8000],
+            ..Selector::default()
+        };
+        let mut tracker =
+            Tracker::new(selector, EndpointMatcher::new(&[]), 1, 32).with_scope(Some(scope));
+        let exec = |pid| {
+            Event::Exec(ProcEvent {
+                pid,
+                ppid: 1,
+                comm: "python3".into(),
+                ts: 0,
+                filename: "/usr/bin/python3".into(),
+                exit_code: 0,
+            })
+        };
+        let listen = |pid| {
+            Event::Listen(ListenEvent {
+                pid,
+                comm: "python3".into(),
+                ts: 0,
+                port: 8000,
+            })
+        };
+        // /proc/PID/comm is missing in the fake tree: the event's names count
+        assert_eq!(tracker.on_event(&exec(10), &dir), Some(Change::Trace(10)));
+        assert_eq!(tracker.on_event(&exec(11), &dir), None, "host process");
+        assert_eq!(tracker.on_event(&listen(11), &dir), None, "host process");
+        assert_eq!(tracker.on_event(&listen(12), &dir), None, "gone: no pod");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+
+    #[test]
     fn filter_combines_namespaces_and_labels() {
         let f = PodFilter {
             namespaces: vec!["inference".into(), "staging".into()],
