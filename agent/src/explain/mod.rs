@@ -27,6 +27,8 @@ struct RequestMarks {
     scheduled: Option<MonoNs>,
     prefill_start: Option<MonoNs>,
     prefill_end: Option<MonoNs>,
+    /// `llm:token` of each token index: when the producer had it.
+    tokens: HashMap<u64, MonoNs>,
     /// Threads that fired probes for this request: they serve it.
     threads: HashSet<(u32, u32)>,
     last_ts: MonoNs,
@@ -150,6 +152,10 @@ impl Explainer {
                 let marks = self.requests.entry(u.request_id.clone()).or_default();
                 marks.threads.insert((u.pid, u.tid));
                 marks.last_ts = u.ts;
+                if u.probe == LlmProbe::Token {
+                    marks.tokens.entry(u.args[0]).or_insert(u.ts);
+                    return;
+                }
                 let slot = match u.probe {
                     LlmProbe::RequestQueued => &mut marks.queued,
                     LlmProbe::RequestScheduled => &mut marks.scheduled,
@@ -220,23 +226,30 @@ impl Explainer {
     }
 
     /// Cause breakdowns of the chunks of `t` that were late.
+    ///
+    /// When the request's producer fired `llm:token` for a chunk, its gap
+    /// is split there: before the mark the producer's threads (the engine)
+    /// were making the token, after it the threads writing the connection
+    /// (the frontend) were delivering it, and each part is explained by the
+    /// threads on that side only. A frontend idle while the engine computes,
+    /// or an engine running ahead while the frontend stalls, is then not
+    /// blamed. Without marks the whole gap is explained by every serving
+    /// thread.
     pub fn explain(&self, t: &RequestTimeline) -> Vec<Stall> {
         let marks = t
             .response_id
             .as_deref()
             .and_then(|id| self.requests.get(id));
-        let mut threads: HashSet<(u32, u32)> = self
+        let writers: HashSet<(u32, u32)> = self
             .conn_threads
             .get(&t.conn)
             .map(|(tids, _)| tids.iter().map(|&tid| (t.conn.pid, tid)).collect())
             .unwrap_or_default();
-        if let Some(marks) = marks {
-            threads.extend(&marks.threads);
-        }
-        let engine_pids: HashSet<u32> = marks
-            .map(|m| m.threads.iter().map(|&(pid, _)| pid).collect())
+        let producers: HashSet<(u32, u32)> = marks
+            .map(|m| m.threads.difference(&writers).copied().collect())
             .unwrap_or_default();
-        let serves = |s: &Span| threads.contains(&(s.pid, s.tid));
+        let everyone: HashSet<(u32, u32)> = writers.union(&producers).copied().collect();
+        let engine_pids: HashSet<u32> = producers.iter().map(|&(pid, _)| pid).collect();
         let mark_span = |a: Option<MonoNs>, b: Option<MonoNs>| match (a, b) {
             (Some(a), Some(b)) => Intervals::union_of([(a, b)]),
             _ => Intervals::default(),
@@ -245,10 +258,17 @@ impl Explainer {
         let prefill = marks.map_or_else(Intervals::default, |m| {
             mark_span(m.prefill_start, m.prefill_end)
         });
-        let syncs: Vec<&SyncWait> = self.syncs.iter().filter(|s| serves(&s.span)).collect();
-        let gpu = Intervals::union_of(syncs.iter().map(|s| (s.span.start, s.span.end)));
-        let off_cpu: Vec<&OffCpu> = self.off_cpu.iter().filter(|o| serves(&o.span)).collect();
-        let off = Intervals::union_of(off_cpu.iter().map(|o| (o.span.start, o.span.end)));
+        let on_producer_side = if producers.is_empty() {
+            &everyone
+        } else {
+            &producers
+        };
+        let sides = [
+            ThreadCauses::of(self, on_producer_side),
+            ThreadCauses::of(self, &writers),
+            ThreadCauses::of(self, &everyone),
+        ];
+        let (producer_side, writer_side, both) = (&sides[0], &sides[1], &sides[2]);
 
         let mut stalls = Vec::new();
         for (i, &emit) in t.chunk_ts.iter().enumerate() {
@@ -272,55 +292,100 @@ impl Explainer {
             if gap < self.threshold_ns && socket_ns < self.threshold_ns {
                 continue;
             }
-            let mut covered = Intervals::default();
-            let mut share = |causes: &Intervals| -> (u64, Intervals) {
-                let part = causes.clip(start, emit).minus(&covered);
-                covered = Intervals::union_of(covered.iter().chain(part.iter()).copied());
-                (part.total(), part)
+            let produced = marks
+                .and_then(|m| m.tokens.get(&(i as u64)))
+                .copied()
+                .filter(|&ts| ts > start && ts < emit);
+            let segments: Vec<(MonoNs, MonoNs, &ThreadCauses)> = match produced {
+                Some(ts) => vec![(start, ts, producer_side), (ts, emit, writer_side)],
+                None => vec![(start, emit, both)],
             };
-            let (queue_ns, _) = share(&queue);
-            let (prefill_ns, _) = share(&prefill);
-            let (gpu_ns, _) = share(&gpu);
-            let (off_ns, off_part) = share(&off);
-            let reason = off_cpu
-                .iter()
-                .map(|o| {
+            let mut totals = Breakdown::default();
+            let mut reasons: Vec<(u64, String)> = Vec::new();
+            for (from, to, side) in segments {
+                let mut covered = Intervals::default();
+                let mut share = |causes: &Intervals| -> (u64, Intervals) {
+                    let part = causes.clip(from, to).minus(&covered);
+                    covered = Intervals::union_of(covered.iter().chain(part.iter()).copied());
+                    (part.total(), part)
+                };
+                totals.queue += share(&queue).0;
+                totals.prefill += share(&prefill).0;
+                totals.gpu += share(&side.gpu).0;
+                let (off_ns, off_part) = share(&side.off);
+                totals.off_cpu += off_ns;
+                reasons.extend(side.off_cpu.iter().filter_map(|o| {
                     let mine = Intervals::union_of([(o.span.start, o.span.end)]);
                     let overlap = off_part.minus(&off_part.minus(&mine)).total();
-                    (overlap, off_cpu_reason(o))
-                })
-                .filter(|(overlap, _)| *overlap > 0)
+                    (overlap > 0).then(|| (overlap, off_cpu_reason(o)))
+                }));
+                totals.launches += side
+                    .syncs
+                    .iter()
+                    .filter(|s| s.span.end > from && s.span.end <= to)
+                    .map(|s| s.launches)
+                    .sum::<u64>();
+            }
+            let reason = reasons
+                .into_iter()
                 .max_by_key(|(overlap, _)| *overlap)
-                .map(|(_, reason)| reason);
-            let explained = queue_ns + prefill_ns + gpu_ns + off_ns;
+                .map(|(_, r)| r);
+            let explained = totals.queue + totals.prefill + totals.gpu + totals.off_cpu;
             let batch_fan_in = self
                 .steps
                 .iter()
                 .filter(|s| engine_pids.contains(&s.pid) && s.ts > start && s.ts <= emit)
                 .map(|s| s.batch_size)
                 .max();
-            let gpu_launches = syncs
-                .iter()
-                .filter(|s| s.span.end > start && s.span.end <= emit)
-                .map(|s| s.launches)
-                .sum();
             stalls.push(Stall {
                 chunk: i,
                 start_ms: ms(start.saturating_sub(t.request_start)),
                 gap_ms: ms(gap),
-                queue_ms: ms(queue_ns),
-                prefill_ms: ms(prefill_ns),
-                gpu_sync_ms: ms(gpu_ns),
-                off_cpu_ms: ms(off_ns),
+                queue_ms: ms(totals.queue),
+                prefill_ms: ms(totals.prefill),
+                gpu_sync_ms: ms(totals.gpu),
+                off_cpu_ms: ms(totals.off_cpu),
                 off_cpu_reason: reason,
                 socket_ms: ms(socket_ns),
                 nagle: hold.is_some_and(|h| !h.nodelay),
                 unexplained_ms: ms(gap.saturating_sub(explained)),
                 batch_fan_in,
-                gpu_launches,
+                gpu_launches: totals.launches,
             });
         }
         stalls
+    }
+}
+
+/// Nanoseconds of a gap per cause.
+#[derive(Debug, Default)]
+struct Breakdown {
+    queue: u64,
+    prefill: u64,
+    gpu: u64,
+    off_cpu: u64,
+    launches: u64,
+}
+
+/// The GPU waits and off-CPU intervals of a set of threads.
+struct ThreadCauses<'a> {
+    syncs: Vec<&'a SyncWait>,
+    gpu: Intervals,
+    off_cpu: Vec<&'a OffCpu>,
+    off: Intervals,
+}
+
+impl<'a> ThreadCauses<'a> {
+    fn of(ex: &'a Explainer, threads: &HashSet<(u32, u32)>) -> Self {
+        let mine = |s: &Span| threads.contains(&(s.pid, s.tid));
+        let syncs: Vec<&SyncWait> = ex.syncs.iter().filter(|s| mine(&s.span)).collect();
+        let off_cpu: Vec<&OffCpu> = ex.off_cpu.iter().filter(|o| mine(&o.span)).collect();
+        Self {
+            gpu: Intervals::union_of(syncs.iter().map(|s| (s.span.start, s.span.end))),
+            off: Intervals::union_of(off_cpu.iter().map(|o| (o.span.start, o.span.end))),
+            syncs,
+            off_cpu,
+        }
     }
 }
 

@@ -204,3 +204,32 @@ fn nothing_late_means_no_stalls_and_pruning_forgets() {
         addrs: None,
     }));
 }
+
+#[test]
+fn token_marks_split_a_gap_between_producer_and_writer() {
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    let token = |index: u64, at_ms: u64| usdt(LlmProbe::Token, at_ms, [index, 0, 0]);
+    let events = vec![
+        write(1001, 0, true),
+        token(0, 1009),
+        token(1, 1019),
+        sync(ENGINE_TID, ENGINE, 1020, 1025),
+        token(2, 1025),
+        // The engine runs ahead on later tokens while the frontend sleeps
+        // before writing token 2: its syncs are not this gap's cause.
+        sync(ENGINE_TID, ENGINE, 1026, 1060),
+        off_cpu(FRONTEND, WRITER_TID, 1025, 1068, Some(230)),
+    ];
+    for e in &events {
+        ex.observe(e);
+    }
+    let stalls = ex.explain(&timeline(&[1010, 1020, 1070]));
+    let [stall] = stalls.as_slice() else {
+        panic!("one late chunk expected: {stalls:#?}")
+    };
+    assert_eq!(stall.chunk, 2);
+    assert!(close_ms(stall.gpu_sync_ms, 5.0), "{stall:?}");
+    assert!(close_ms(stall.off_cpu_ms, 43.0), "{stall:?}");
+    assert_eq!(stall.off_cpu_reason.as_deref(), Some("sleep"));
+    assert!(close_ms(stall.unexplained_ms, 2.0), "{stall:?}");
+}
