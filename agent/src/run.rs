@@ -252,7 +252,7 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
     )
     .with_scope(kubernetes.scope);
     let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
-    let mut ingest = Ingest::start(
+    let ingest = Ingest::start(
         ProbeSettings {
             capture_bytes: config.capture.bytes,
             wakeup_bytes: config.capture.wakeup_bytes,
@@ -339,7 +339,15 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
     };
 
     if matches!(stop, Stop::Duration | Stop::Signal) {
-        // Requests still in flight are reported, marked as cut by the agent.
+        // Everything the kernel recorded before the stop is stitched first
+        // (the ingest thread reads the ring buffer a last time); only then
+        // are requests still in flight reported, marked as cut by the agent.
+        pipeline.probed.ingest.stop();
+        while let Ok(batch) = events_rx.try_recv() {
+            if pipeline.on_batch(&batch).is_some() {
+                break;
+            }
+        }
         pipeline
             .stitcher
             .finish(monotonic_now(), &mut pipeline.finished);

@@ -49,7 +49,9 @@ pub struct Ingest {
     pub stats: Arc<IngestStats>,
     commands: std_mpsc::Sender<ProbeCommand>,
     stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
+    /// Taken (and joined) by the first `stop`; shared so that stopping needs
+    /// no exclusive borrow while the run loop holds the handles.
+    thread: std::sync::Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Ingest {
@@ -88,7 +90,7 @@ impl Ingest {
             stats,
             commands,
             stop,
-            thread: Some(thread),
+            thread: std::sync::Mutex::new(Some(thread)),
         })
     }
 
@@ -100,10 +102,12 @@ impl Ingest {
         }
     }
 
-    /// Stops polling and detaches the probes.
-    pub fn stop(&mut self) {
+    /// Stops polling after a last read of the ring buffer (whose events are
+    /// still sent), and detaches the probes.
+    pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
+        let thread = self.thread.lock().ok().and_then(|mut slot| slot.take());
+        if let Some(thread) = thread {
             if thread.join().is_err() {
                 tracing::error!("the ingest thread panicked");
             }
@@ -248,27 +252,43 @@ fn run_thread(
     };
 
     let mut file_links = HashMap::new();
-    while !stop.load(Ordering::Relaxed) {
+    loop {
+        // Read before polling: the last pass after a stop request still
+        // drains the ring, so nothing already recorded is lost at exit.
+        let stopping = stop.load(Ordering::Relaxed);
         for command in commands.try_iter() {
             apply_command(&probes, command, &mut file_links);
         }
-        if let Err(err) = ring.poll(poll_interval) {
-            if err.kind() != libbpf_rs::ErrorKind::Interrupted {
-                tracing::error!("polling the ring buffer failed: {err}");
-                break;
+        if !stopping {
+            // Wakes early only when the kernel forced a wake-up (a full
+            // batch, or a lifecycle event).
+            if let Err(err) = ring.poll(poll_interval) {
+                if err.kind() != libbpf_rs::ErrorKind::Interrupted {
+                    tracing::error!("polling the ring buffer failed: {err}");
+                    break;
+                }
             }
+        }
+        // Records written with BPF_RB_NO_WAKEUP raise no epoll event, so a
+        // poll that timed out consumed nothing: read whatever is there.
+        if let Err(err) = ring.consume() {
+            tracing::error!("reading the ring buffer failed: {err}");
+            break;
         }
         let ready_events = std::mem::take(&mut *batch.borrow_mut());
-        if ready_events.is_empty() {
-            continue;
-        }
-        let count = ready_events.len() as u64;
-        match events.try_send(ready_events) {
-            Ok(()) => {}
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                stats.channel_drops.fetch_add(count, Ordering::Relaxed);
+        if !ready_events.is_empty() {
+            let count = ready_events.len() as u64;
+            match events.try_send(ready_events) {
+                Ok(()) => {}
+                Err(mpsc::error::TrySendError::Full(_)) => {
+                    stats.channel_drops.fetch_add(count, Ordering::Relaxed);
+                }
+                Err(mpsc::error::TrySendError::Closed(_)) => break,
             }
-            Err(mpsc::error::TrySendError::Closed(_)) => break,
+        }
+        if stopping {
+            break;
         }
     }
+    crate::probes::detach_all(file_links.into_values().flatten().collect());
 }

@@ -30,6 +30,8 @@ pub struct ProbeSettings {
 /// Loaded and attached socket probes. Dropping it detaches every program.
 pub struct SockProbes {
     skel: SockSkel<'static>,
+    /// Tracepoint links, detached in parallel on drop (see `detach_all`).
+    links: Vec<libbpf_rs::Link>,
 }
 
 impl SockProbes {
@@ -68,10 +70,19 @@ impl SockProbes {
             "loading the socket BPF programs into the kernel (needs root or CAP_BPF+CAP_PERFMON; \
              run `tokentrace check` for details)",
         )?;
-        skel.attach().context(
-            "attaching syscall tracepoints (is tracefs mounted? run `tokentrace check`)",
-        )?;
-        Ok(Self { skel })
+        let mut links = Vec::new();
+        // Every tracepoint program; the OpenSSL uprobes are attached per
+        // library file later.
+        for program in skel.object_mut().progs_mut() {
+            let section = program.section().to_string_lossy();
+            if section.starts_with("tracepoint/") || section.starts_with("tp_btf/") {
+                let link = program.attach().with_context(|| {
+                    format!("attaching {section} (is tracefs mounted? run `tokentrace check`)")
+                })?;
+                links.push(link);
+            }
+        }
+        Ok(Self { skel, links })
     }
 
     /// A ring buffer consumer calling `callback` with each raw record.
@@ -102,6 +113,12 @@ impl SockProbes {
     pub fn counters(&self) -> Result<KernelCounters> {
         let map = MapHandle::try_from(&self.skel.maps.bss).context("duplicating .bss")?;
         Ok(KernelCounters { map })
+    }
+}
+
+impl Drop for SockProbes {
+    fn drop(&mut self) {
+        super::detach_all(std::mem::take(&mut self.links));
     }
 }
 
