@@ -30,6 +30,11 @@ pub enum Command {
     Check(CheckArgs),
     /// Trace servers and print one timeline per finished request.
     Run(RunArgs),
+    /// Record a session: report.html, trace.json, requests.csv/.jsonl and a
+    /// CPU flame graph of the selected servers (locally, or on a remote agent).
+    Record(Box<crate::session::RecordArgs>),
+    /// Rebuild a session's artifacts from its raw.pb.
+    Replay(crate::session::ReplayArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -85,4 +90,8 @@ pub struct RunArgs {
     /// OTLP and Prometheus export (boxed to keep `Command` small).
     #[command(flatten)]
     pub export: Box<crate::export::ExportArgs>,
+
+    /// Session control endpoint (`tokentrace record --remote`).
+    #[command(flatten)]
+    pub control: Box<crate::session::ControlArgs>,
 }

@@ -17,4 +17,5 @@ pub mod k8s;
 pub mod output;
 pub mod probes;
 pub mod run;
+pub mod session;
 pub mod stitch;

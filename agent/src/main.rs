@@ -49,6 +49,16 @@ fn check(args: &CheckArgs) -> ExitCode {
     }
 }
 
+/// The async runtime of the commands that trace (two workers: the agent
+/// should not compete with the servers it watches).
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(|err| anyhow::anyhow!("starting the async runtime: {err}"))
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&cli.log_level);
@@ -77,5 +87,21 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Record(args) => {
+            match runtime().map(|rt| rt.block_on(tokentrace::session::record::record(*args))) {
+                Ok(Ok(())) => ExitCode::SUCCESS,
+                Ok(Err(err)) | Err(err) => {
+                    eprintln!("Error: {err:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Replay(args) => match tokentrace::session::record::replay(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("Error: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

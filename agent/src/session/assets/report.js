@@ -1,0 +1,194 @@
+// Draws report.html from the JSON the agent embedded (#report-data). Every
+// number is computed by the agent; this script only lays it out. No network,
+// no libraries.
+"use strict";
+(function () {
+  const data = JSON.parse(document.getElementById("report-data").textContent);
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function el(tag, attrs, text) {
+    const node = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+    if (text !== undefined) node.textContent = text;
+    return node;
+  }
+  function svgEl(tag, attrs, title) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+    if (title) {
+      const t = document.createElementNS(SVG, "title");
+      t.textContent = title;
+      node.appendChild(t);
+    }
+    return node;
+  }
+  function fmt(v, unit) {
+    if (v === null || v === undefined) return "–";
+    const n = Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(1);
+    return unit ? n + " " + unit : n;
+  }
+  function table(headers, rows) {
+    const t = el("table");
+    const head = el("tr");
+    headers.forEach((h) => head.appendChild(el("th", {}, h)));
+    t.appendChild(head);
+    rows.forEach((r) => {
+      const tr = el("tr");
+      r.forEach((c, i) => tr.appendChild(el("td", i === 0 ? { class: "label", title: String(c) } : {}, String(c))));
+      t.appendChild(tr);
+    });
+    return t;
+  }
+  // A round step for axis ticks, about `count` of them up to `max`.
+  function step(max, count) {
+    const raw = Math.max(max / count, 1e-3);
+    const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    return [1, 2, 5, 10].map((m) => m * mag).find((s) => s >= raw);
+  }
+
+  // ---- header
+  const m = data.meta;
+  document.getElementById("meta").textContent =
+    `${m.host} · ${m.selector} · started ${m.start} · ${m.duration_s} s · ` +
+    (m.profile_hz > 0 ? `CPU sampled at ${m.profile_hz} Hz` : "no CPU sampling") +
+    ` · tokentrace ${m.version}`;
+  const c = data.counters;
+  const losses = [];
+  if (c.events_dropped > 0) losses.push(`${c.events_dropped} events dropped (session queue full)`);
+  if (c.samples_dropped > 0) losses.push(`${c.samples_dropped} CPU samples dropped`);
+  if (c.thread_slices_dropped > 0) losses.push(`${c.thread_slices_dropped} syscalls not kept for thread tracks`);
+  if (c.truncated_writes > 0) losses.push(`${c.truncated_writes} writes longer than the capture limit`);
+  if (losses.length) {
+    const p = document.getElementById("losses");
+    p.textContent = "Incomplete data: " + losses.join(", ") + ".";
+    p.hidden = false;
+  }
+
+  // ---- summary
+  const s = data.summary;
+  const summary = document.getElementById("summary");
+  const cards = el("div", { class: "cards" });
+  [
+    ["requests", s.requests],
+    ["aborted", s.aborted],
+    ["chunks", s.chunks],
+    ["chunks / s", s.chunks_per_s],
+  ].concat(data.cpu_samples !== null ? [["CPU samples", data.cpu_samples]] : []).forEach(([k, v]) => {
+    const card = el("div", { class: "card" });
+    card.appendChild(el("b", {}, String(v)));
+    card.appendChild(el("span", { class: "muted" }, k));
+    cards.appendChild(card);
+  });
+  summary.appendChild(cards);
+  summary.appendChild(
+    table(
+      ["ms", "count", "p50", "p90", "p95", "p99", "max"],
+      s.rows.map((r) => [r.name, r.count, fmt(r.p50), fmt(r.p90), fmt(r.p95), fmt(r.p99), fmt(r.max)])
+    )
+  );
+
+  // ---- TTFT histogram
+  const hist = document.getElementById("histogram");
+  if (data.histogram.length === 0) {
+    hist.appendChild(el("p", { class: "muted" }, "No request had a first token."));
+  } else {
+    const W = 1000, H = 220, L = 40, B = 28, T = 8;
+    const bins = data.histogram;
+    const maxN = Math.max(...bins.map((b) => b.n));
+    const hi = bins[bins.length - 1].hi;
+    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
+    const x = (v) => L + ((W - L - 8) * v) / hi;
+    const y = (n) => H - B - ((H - B - T) * n) / maxN;
+    bins.forEach((b) => {
+      svg.appendChild(
+        svgEl(
+          "rect",
+          { class: "bar", x: x(b.lo) + 0.5, y: y(b.n), width: Math.max(x(b.hi) - x(b.lo) - 1, 1), height: H - B - y(b.n) },
+          `${fmt(b.lo)}–${fmt(b.hi)} ms: ${b.n} requests`
+        )
+      );
+    });
+    svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: W - 8, y1: H - B, y2: H - B }));
+    const xs = step(hi, 10);
+    for (let v = 0; v <= hi + 1e-9; v += xs) {
+      const t = svgEl("text", { x: x(v), y: H - B + 16, "text-anchor": "middle" });
+      t.textContent = fmt(v);
+      svg.appendChild(t);
+    }
+    const ys = step(maxN, 4);
+    for (let n = 0; n <= maxN; n += Math.max(1, Math.round(ys))) {
+      const t = svgEl("text", { x: L - 6, y: y(n) + 4, "text-anchor": "end" });
+      t.textContent = String(n);
+      svg.appendChild(t);
+    }
+    const unit = svgEl("text", { x: W - 8, y: H - 2, "text-anchor": "end" });
+    unit.textContent = "TTFT (ms)";
+    svg.appendChild(unit);
+    hist.appendChild(svg);
+  }
+
+  // ---- waterfall
+  const wf = data.waterfall;
+  const wfDiv = document.getElementById("waterfall");
+  if (wf.total > wf.rows.length) {
+    const note = document.getElementById("waterfall-note");
+    note.textContent = `Showing the first ${wf.rows.length} of ${wf.total} requests; the files have them all.`;
+    note.hidden = false;
+  }
+  if (wf.rows.length === 0) {
+    wfDiv.appendChild(el("p", { class: "muted" }, "No requests were seen during the session."));
+  } else {
+    const W = 1000, rowH = 14, L = 8, top = 6, axis = 22;
+    const H = top + wf.rows.length * rowH + axis;
+    const span = Math.max(wf.span_ms, 1e-3);
+    const x = (t) => L + ((W - 2 * L) * Math.max(t, 0)) / span;
+    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
+    wf.rows.forEach((r, i) => {
+      const y = top + i * rowH;
+      const g = svgEl("g", {}, `${r.label}\nstart +${fmt(r.s)} ms · TTFT ${r.f === null ? "–" : fmt(r.f - r.s) + " ms"} · E2E ${fmt(r.e - r.s)} ms · ${r.t.length} tokens${r.aborted ? " · aborted" : ""}`);
+      const seg = (cls, a, b) =>
+        g.appendChild(svgEl("rect", { class: cls, x: x(a), y: y + 2, width: Math.max(x(b) - x(a), 0.75), height: rowH - 4 }));
+      seg("receive", r.s, r.r);
+      seg(r.f === null && r.aborted ? "aborted" : "wait", r.r, r.f === null ? r.e : r.f);
+      if (r.f !== null) seg(r.aborted ? "aborted" : "stream", r.f, r.e);
+      r.t.forEach((t) => g.appendChild(svgEl("line", { class: "tick", x1: x(t), x2: x(t), y1: y + 1, y2: y + rowH - 1 })));
+      svg.appendChild(g);
+    });
+    const base = top + wf.rows.length * rowH;
+    svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: W - L, y1: base, y2: base }));
+    const xs = step(span, 10);
+    for (let v = 0; v <= span + 1e-9; v += xs) {
+      const t = svgEl("text", { x: x(v), y: base + 15, "text-anchor": "middle" });
+      t.textContent = fmt(v / 1000) + " s";
+      svg.appendChild(t);
+    }
+    wfDiv.appendChild(svg);
+  }
+
+  // ---- slowest requests
+  const slow = document.getElementById("slowest");
+  if (data.slowest.length === 0) {
+    slow.appendChild(el("p", { class: "muted" }, "No requests."));
+  } else {
+    slow.appendChild(
+      table(
+        ["request", "TTFT", "E2E", "tokens", "receive", "to first token", "stream", "longest gap", "stalls", "stall time", "causes", "CPU samples", "aborted"],
+        data.slowest.map((b) => [
+          b.label,
+          fmt(b.ttft_ms, "ms"),
+          fmt(b.e2e_ms, "ms"),
+          b.chunks,
+          fmt(b.receive_ms, "ms"),
+          fmt(b.wait_ms, "ms"),
+          fmt(b.stream_ms, "ms"),
+          b.longest_gap_ms === null ? "–" : `${fmt(b.longest_gap_ms, "ms")} (before #${b.longest_gap_at})`,
+          b.stalls,
+          fmt(b.stall_ms, "ms"),
+          b.causes || "–",
+          b.cpu_samples === null ? "–" : b.cpu_samples,
+          b.abort_reason || "",
+        ])
+      )
+    );
+  }
+})();

@@ -1,0 +1,1089 @@
+//! `raw.pb`: the session's raw event stream in the protobuf format
+//! documented in `raw.proto` (next to this file), for offline analysis,
+//! bug reports and `tokentrace replay`.
+//!
+//! The messages are prost derives written to match `raw.proto` tag for tag
+//! (no build-time `protoc`). The writer streams records as the session
+//! processes them, so memory does not grow with the session; the reader
+//! yields them one at a time and stops cleanly at a truncated tail.
+
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, BufWriter, Read, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use anyhow::{bail, Context, Result};
+
+use super::core::{CpuSample, Profile as CoreProfile, RecordingMeta, SessionCounters};
+use crate::event;
+
+/// The first bytes of every raw.pb file.
+pub const MAGIC: &[u8; 8] = b"TTRAWPB1";
+/// `Header.version` this agent writes and reads.
+pub const VERSION: u32 = 1;
+/// Largest record accepted when reading (a data event carries at most the
+/// 16 KiB capture; a profile can be large).
+const MAX_RECORD_BYTES: u64 = 256 << 20;
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Record {
+    #[prost(oneof = "record::Kind", tags = "1, 2, 3, 4, 5")]
+    pub kind: Option<record::Kind>,
+}
+
+pub mod record {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Kind {
+        #[prost(message, tag = "1")]
+        Header(super::Header),
+        #[prost(message, tag = "2")]
+        Event(super::Event),
+        #[prost(message, tag = "3")]
+        Tick(super::Tick),
+        #[prost(message, tag = "4")]
+        Finish(super::Finish),
+        #[prost(message, tag = "5")]
+        Profile(super::Profile),
+    }
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Header {
+    #[prost(uint32, tag = "1")]
+    pub version: u32,
+    #[prost(string, tag = "2")]
+    pub agent_version: String,
+    #[prost(string, tag = "3")]
+    pub hostname: String,
+    #[prost(string, tag = "4")]
+    pub selector: String,
+    #[prost(uint64, tag = "5")]
+    pub started_ns: u64,
+    #[prost(sint64, tag = "6")]
+    pub wall_offset_ns: i64,
+    #[prost(uint64, tag = "7")]
+    pub profile_hz: u64,
+    #[prost(uint64, tag = "8")]
+    pub idle_timeout_ns: u64,
+    #[prost(uint64, tag = "9")]
+    pub max_buffered_bytes: u64,
+    #[prost(uint64, tag = "10")]
+    pub max_connections: u64,
+    #[prost(uint64, tag = "11")]
+    pub stall_threshold_ns: u64,
+    #[prost(uint64, tag = "12")]
+    pub explain_history_ns: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Event {
+    #[prost(oneof = "event_kind::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    pub kind: Option<event_kind::Kind>,
+}
+
+pub mod event_kind {
+    #[derive(Clone, PartialEq, prost::Oneof)]
+    pub enum Kind {
+        #[prost(message, tag = "1")]
+        Data(super::Data),
+        #[prost(message, tag = "2")]
+        Accept(super::Conn),
+        #[prost(message, tag = "3")]
+        Close(super::Conn),
+        #[prost(message, tag = "4")]
+        Exec(super::Proc),
+        #[prost(message, tag = "5")]
+        Exit(super::Proc),
+        #[prost(message, tag = "6")]
+        Listen(super::Listen),
+        #[prost(message, tag = "7")]
+        LibraryMapped(super::LibraryMapped),
+        #[prost(message, tag = "8")]
+        Usdt(super::Usdt),
+        #[prost(message, tag = "9")]
+        CudaSync(super::CudaSync),
+        #[prost(message, tag = "10")]
+        OffCpu(super::OffCpu),
+        #[prost(message, tag = "11")]
+        SendHold(super::SendHold),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct ConnId {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(sint32, tag = "2")]
+    pub fd: i32,
+    #[prost(uint64, tag = "3")]
+    pub sock_ino: u64,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct SockAddrs {
+    #[prost(bytes = "vec", tag = "1")]
+    pub local_ip: Vec<u8>,
+    #[prost(uint32, tag = "2")]
+    pub local_port: u32,
+    #[prost(bytes = "vec", tag = "3")]
+    pub remote_ip: Vec<u8>,
+    #[prost(uint32, tag = "4")]
+    pub remote_port: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum Direction {
+    Ingress = 0,
+    Egress = 1,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum IoCall {
+    Unspecified = 0,
+    Read = 1,
+    Readv = 2,
+    Recvfrom = 3,
+    Recvmsg = 4,
+    Write = 5,
+    Writev = 6,
+    Sendto = 7,
+    Sendmsg = 8,
+    Sendfile = 9,
+    SslRead = 10,
+    SslWrite = 11,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Data {
+    #[prost(message, optional, tag = "1")]
+    pub conn: Option<ConnId>,
+    #[prost(uint32, tag = "2")]
+    pub tid: u32,
+    #[prost(string, tag = "3")]
+    pub comm: String,
+    #[prost(uint64, tag = "4")]
+    pub ts_enter_ns: u64,
+    #[prost(uint64, tag = "5")]
+    pub ts_exit_ns: u64,
+    #[prost(enumeration = "Direction", tag = "6")]
+    pub direction: i32,
+    #[prost(enumeration = "IoCall", tag = "7")]
+    pub call: i32,
+    #[prost(uint32, tag = "8")]
+    pub len: u32,
+    #[prost(bytes = "vec", tag = "9")]
+    pub payload: Vec<u8>,
+    #[prost(message, optional, tag = "10")]
+    pub addrs: Option<SockAddrs>,
+    #[prost(message, optional, tag = "11")]
+    pub tcp: Option<TcpSendState>,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct TcpSendState {
+    #[prost(bool, tag = "1")]
+    pub nodelay: bool,
+    #[prost(uint32, tag = "2")]
+    pub unsent_bytes: u32,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum LlmProbe {
+    Unspecified = 0,
+    RequestStart = 1,
+    RequestQueued = 2,
+    RequestScheduled = 3,
+    PrefillStart = 4,
+    PrefillEnd = 5,
+    Token = 6,
+    RequestEnd = 7,
+    BatchStep = 8,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Usdt {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(uint32, tag = "2")]
+    pub tid: u32,
+    #[prost(uint64, tag = "3")]
+    pub ts_ns: u64,
+    #[prost(enumeration = "LlmProbe", tag = "4")]
+    pub probe: i32,
+    #[prost(string, tag = "5")]
+    pub request_id: String,
+    #[prost(uint64, repeated, tag = "6")]
+    pub args: Vec<u64>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum CudaSyncCall {
+    Unspecified = 0,
+    CudaStreamSynchronize = 1,
+    CudaDeviceSynchronize = 2,
+    CudaEventSynchronize = 3,
+    CuStreamSynchronize = 4,
+    CuCtxSynchronize = 5,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct CudaSync {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(uint32, tag = "2")]
+    pub tid: u32,
+    #[prost(uint64, tag = "3")]
+    pub ts_enter_ns: u64,
+    #[prost(uint64, tag = "4")]
+    pub ts_exit_ns: u64,
+    #[prost(enumeration = "CudaSyncCall", tag = "5")]
+    pub call: i32,
+    #[prost(uint64, tag = "6")]
+    pub handle: u64,
+    #[prost(uint64, tag = "7")]
+    pub kernel_launches: u64,
+    #[prost(uint64, tag = "8")]
+    pub graph_launches: u64,
+    #[prost(uint64, tag = "9")]
+    pub memcpy_bytes: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct OffCpu {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(uint32, tag = "2")]
+    pub tid: u32,
+    #[prost(uint64, tag = "3")]
+    pub start_ns: u64,
+    #[prost(uint64, tag = "4")]
+    pub end_ns: u64,
+    #[prost(uint32, optional, tag = "5")]
+    pub syscall: Option<u32>,
+    #[prost(uint32, tag = "6")]
+    pub state: u32,
+    #[prost(bool, tag = "7")]
+    pub in_cuda_sync: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct SendHold {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(uint32, tag = "2")]
+    pub tid: u32,
+    #[prost(uint64, tag = "3")]
+    pub sock_ino: u64,
+    #[prost(uint64, tag = "4")]
+    pub write_ts_ns: u64,
+    #[prost(uint64, tag = "5")]
+    pub release_ts_ns: u64,
+    #[prost(uint32, tag = "6")]
+    pub held_bytes: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Conn {
+    #[prost(message, optional, tag = "1")]
+    pub conn: Option<ConnId>,
+    #[prost(uint32, tag = "2")]
+    pub tid: u32,
+    #[prost(string, tag = "3")]
+    pub comm: String,
+    #[prost(uint64, tag = "4")]
+    pub ts_ns: u64,
+    #[prost(message, optional, tag = "5")]
+    pub addrs: Option<SockAddrs>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Proc {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(uint32, tag = "2")]
+    pub ppid: u32,
+    #[prost(string, tag = "3")]
+    pub comm: String,
+    #[prost(uint64, tag = "4")]
+    pub ts_ns: u64,
+    #[prost(string, tag = "5")]
+    pub filename: String,
+    #[prost(sint32, tag = "6")]
+    pub exit_code: i32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Listen {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(string, tag = "2")]
+    pub comm: String,
+    #[prost(uint64, tag = "3")]
+    pub ts_ns: u64,
+    #[prost(uint32, tag = "4")]
+    pub port: u32,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct LibraryMapped {
+    #[prost(uint32, tag = "1")]
+    pub pid: u32,
+    #[prost(uint64, tag = "2")]
+    pub ts_ns: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct Tick {
+    #[prost(uint64, tag = "1")]
+    pub now_ns: u64,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct Finish {
+    #[prost(uint64, tag = "1")]
+    pub now_ns: u64,
+    #[prost(uint64, tag = "2")]
+    pub events_dropped: u64,
+    #[prost(uint64, tag = "3")]
+    pub samples_dropped: u64,
+    #[prost(bool, tag = "4")]
+    pub profiled: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Profile {
+    #[prost(uint64, tag = "1")]
+    pub frequency_hz: u64,
+    #[prost(message, repeated, tag = "2")]
+    pub stacks: Vec<Stack>,
+    #[prost(message, repeated, tag = "3")]
+    pub samples: Vec<Sample>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Stack {
+    #[prost(string, repeated, tag = "1")]
+    pub frames: Vec<String>,
+}
+
+#[derive(Clone, Copy, PartialEq, prost::Message)]
+pub struct Sample {
+    #[prost(uint64, tag = "1")]
+    pub ts_ns: u64,
+    #[prost(uint32, tag = "2")]
+    pub pid: u32,
+    #[prost(uint32, tag = "3")]
+    pub tid: u32,
+    #[prost(uint32, tag = "4")]
+    pub stack: u32,
+}
+
+// ------------------------------------------------------------ conversions
+
+impl From<&RecordingMeta> for Header {
+    fn from(m: &RecordingMeta) -> Self {
+        Self {
+            version: VERSION,
+            agent_version: m.agent_version.clone(),
+            hostname: m.hostname.clone(),
+            selector: m.selector.clone(),
+            started_ns: m.started_ns,
+            wall_offset_ns: m.wall_offset_ns,
+            profile_hz: m.profile_hz,
+            idle_timeout_ns: m.idle_timeout_ns,
+            max_buffered_bytes: m.max_buffered_bytes,
+            max_connections: m.max_connections,
+            stall_threshold_ns: m.stall_threshold_ns,
+            explain_history_ns: m.explain_history_ns,
+        }
+    }
+}
+
+impl Header {
+    /// The recording's metadata; `ended_ns` is set from the Finish record.
+    pub fn meta(&self) -> RecordingMeta {
+        RecordingMeta {
+            agent_version: self.agent_version.clone(),
+            hostname: self.hostname.clone(),
+            selector: self.selector.clone(),
+            started_ns: self.started_ns,
+            ended_ns: self.started_ns,
+            wall_offset_ns: self.wall_offset_ns,
+            profile_hz: self.profile_hz,
+            idle_timeout_ns: self.idle_timeout_ns,
+            max_buffered_bytes: self.max_buffered_bytes,
+            max_connections: self.max_connections,
+            stall_threshold_ns: self.stall_threshold_ns,
+            explain_history_ns: self.explain_history_ns,
+        }
+    }
+}
+
+fn conn_id(c: event::ConnId) -> ConnId {
+    ConnId {
+        pid: c.pid,
+        fd: c.fd,
+        sock_ino: c.sock_ino,
+    }
+}
+
+fn from_conn_id(c: Option<ConnId>) -> Result<event::ConnId> {
+    let c = c.context("event without a connection id")?;
+    Ok(event::ConnId {
+        pid: c.pid,
+        fd: c.fd,
+        sock_ino: c.sock_ino,
+    })
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(v4) => v4.octets().to_vec(),
+        IpAddr::V6(v6) => v6.octets().to_vec(),
+    }
+}
+
+fn addrs(a: Option<event::SockAddrs>) -> Option<SockAddrs> {
+    a.map(|a| SockAddrs {
+        local_ip: ip_bytes(a.local.ip()),
+        local_port: u32::from(a.local.port()),
+        remote_ip: ip_bytes(a.remote.ip()),
+        remote_port: u32::from(a.remote.port()),
+    })
+}
+
+fn ip_from(bytes: &[u8]) -> Result<IpAddr> {
+    if let Ok(v4) = <[u8; 4]>::try_from(bytes) {
+        return Ok(IpAddr::from(v4));
+    }
+    if let Ok(v6) = <[u8; 16]>::try_from(bytes) {
+        return Ok(IpAddr::from(v6));
+    }
+    bail!("an IP address of {} bytes", bytes.len())
+}
+
+fn from_addrs(a: Option<SockAddrs>) -> Result<Option<event::SockAddrs>> {
+    let Some(a) = a else { return Ok(None) };
+    let port = |p: u32| u16::try_from(p).context("a port above 65535");
+    Ok(Some(event::SockAddrs {
+        local: SocketAddr::new(ip_from(&a.local_ip)?, port(a.local_port)?),
+        remote: SocketAddr::new(ip_from(&a.remote_ip)?, port(a.remote_port)?),
+    }))
+}
+
+fn io_call(c: event::IoCall) -> IoCall {
+    match c {
+        event::IoCall::Read => IoCall::Read,
+        event::IoCall::Readv => IoCall::Readv,
+        event::IoCall::Recvfrom => IoCall::Recvfrom,
+        event::IoCall::Recvmsg => IoCall::Recvmsg,
+        event::IoCall::Write => IoCall::Write,
+        event::IoCall::Writev => IoCall::Writev,
+        event::IoCall::Sendto => IoCall::Sendto,
+        event::IoCall::Sendmsg => IoCall::Sendmsg,
+        event::IoCall::Sendfile => IoCall::Sendfile,
+        event::IoCall::SslRead => IoCall::SslRead,
+        event::IoCall::SslWrite => IoCall::SslWrite,
+    }
+}
+
+fn from_io_call(c: i32) -> Result<event::IoCall> {
+    Ok(match IoCall::try_from(c) {
+        Ok(IoCall::Read) => event::IoCall::Read,
+        Ok(IoCall::Readv) => event::IoCall::Readv,
+        Ok(IoCall::Recvfrom) => event::IoCall::Recvfrom,
+        Ok(IoCall::Recvmsg) => event::IoCall::Recvmsg,
+        Ok(IoCall::Write) => event::IoCall::Write,
+        Ok(IoCall::Writev) => event::IoCall::Writev,
+        Ok(IoCall::Sendto) => event::IoCall::Sendto,
+        Ok(IoCall::Sendmsg) => event::IoCall::Sendmsg,
+        Ok(IoCall::Sendfile) => event::IoCall::Sendfile,
+        Ok(IoCall::SslRead) => event::IoCall::SslRead,
+        Ok(IoCall::SslWrite) => event::IoCall::SslWrite,
+        Ok(IoCall::Unspecified) | Err(_) => bail!("unknown I/O call {c}"),
+    })
+}
+
+fn llm_probe(p: event::LlmProbe) -> LlmProbe {
+    match p {
+        event::LlmProbe::RequestStart => LlmProbe::RequestStart,
+        event::LlmProbe::RequestQueued => LlmProbe::RequestQueued,
+        event::LlmProbe::RequestScheduled => LlmProbe::RequestScheduled,
+        event::LlmProbe::PrefillStart => LlmProbe::PrefillStart,
+        event::LlmProbe::PrefillEnd => LlmProbe::PrefillEnd,
+        event::LlmProbe::Token => LlmProbe::Token,
+        event::LlmProbe::RequestEnd => LlmProbe::RequestEnd,
+        event::LlmProbe::BatchStep => LlmProbe::BatchStep,
+    }
+}
+
+fn from_llm_probe(p: i32) -> Result<event::LlmProbe> {
+    Ok(match LlmProbe::try_from(p) {
+        Ok(LlmProbe::RequestStart) => event::LlmProbe::RequestStart,
+        Ok(LlmProbe::RequestQueued) => event::LlmProbe::RequestQueued,
+        Ok(LlmProbe::RequestScheduled) => event::LlmProbe::RequestScheduled,
+        Ok(LlmProbe::PrefillStart) => event::LlmProbe::PrefillStart,
+        Ok(LlmProbe::PrefillEnd) => event::LlmProbe::PrefillEnd,
+        Ok(LlmProbe::Token) => event::LlmProbe::Token,
+        Ok(LlmProbe::RequestEnd) => event::LlmProbe::RequestEnd,
+        Ok(LlmProbe::BatchStep) => event::LlmProbe::BatchStep,
+        Ok(LlmProbe::Unspecified) | Err(_) => bail!("unknown llm probe {p}"),
+    })
+}
+
+fn cuda_call(c: event::CudaSyncCall) -> CudaSyncCall {
+    match c {
+        event::CudaSyncCall::StreamSynchronize => CudaSyncCall::CudaStreamSynchronize,
+        event::CudaSyncCall::DeviceSynchronize => CudaSyncCall::CudaDeviceSynchronize,
+        event::CudaSyncCall::EventSynchronize => CudaSyncCall::CudaEventSynchronize,
+        event::CudaSyncCall::CuStreamSynchronize => CudaSyncCall::CuStreamSynchronize,
+        event::CudaSyncCall::CuCtxSynchronize => CudaSyncCall::CuCtxSynchronize,
+    }
+}
+
+fn from_cuda_call(c: i32) -> Result<event::CudaSyncCall> {
+    Ok(match CudaSyncCall::try_from(c) {
+        Ok(CudaSyncCall::CudaStreamSynchronize) => event::CudaSyncCall::StreamSynchronize,
+        Ok(CudaSyncCall::CudaDeviceSynchronize) => event::CudaSyncCall::DeviceSynchronize,
+        Ok(CudaSyncCall::CudaEventSynchronize) => event::CudaSyncCall::EventSynchronize,
+        Ok(CudaSyncCall::CuStreamSynchronize) => event::CudaSyncCall::CuStreamSynchronize,
+        Ok(CudaSyncCall::CuCtxSynchronize) => event::CudaSyncCall::CuCtxSynchronize,
+        Ok(CudaSyncCall::Unspecified) | Err(_) => bail!("unknown CUDA sync call {c}"),
+    })
+}
+
+fn conn_event(c: &event::ConnEvent) -> Conn {
+    Conn {
+        conn: Some(conn_id(c.conn)),
+        tid: c.tid,
+        comm: c.comm.clone(),
+        ts_ns: c.ts,
+        addrs: addrs(c.addrs),
+    }
+}
+
+fn from_conn_event(c: Conn) -> Result<event::ConnEvent> {
+    Ok(event::ConnEvent {
+        conn: from_conn_id(c.conn)?,
+        tid: c.tid,
+        comm: c.comm,
+        ts: c.ts_ns,
+        addrs: from_addrs(c.addrs)?,
+    })
+}
+
+fn proc_event(p: &event::ProcEvent) -> Proc {
+    Proc {
+        pid: p.pid,
+        ppid: p.ppid,
+        comm: p.comm.clone(),
+        ts_ns: p.ts,
+        filename: p.filename.clone(),
+        exit_code: p.exit_code,
+    }
+}
+
+fn from_proc_event(p: Proc) -> event::ProcEvent {
+    event::ProcEvent {
+        pid: p.pid,
+        ppid: p.ppid,
+        comm: p.comm,
+        ts: p.ts_ns,
+        filename: p.filename,
+        exit_code: p.exit_code,
+    }
+}
+
+impl From<&event::Event> for Event {
+    fn from(e: &event::Event) -> Self {
+        use event_kind::Kind;
+        let kind = match e {
+            event::Event::Data(d) => Kind::Data(Data {
+                conn: Some(conn_id(d.conn)),
+                tid: d.tid,
+                comm: d.comm.clone(),
+                ts_enter_ns: d.ts_enter,
+                ts_exit_ns: d.ts_exit,
+                direction: match d.direction {
+                    event::Direction::Ingress => Direction::Ingress,
+                    event::Direction::Egress => Direction::Egress,
+                } as i32,
+                call: io_call(d.call) as i32,
+                len: d.len,
+                payload: d.payload.clone(),
+                addrs: addrs(d.addrs),
+                tcp: d.tcp.map(|t| TcpSendState {
+                    nodelay: t.nodelay,
+                    unsent_bytes: t.unsent_bytes,
+                }),
+            }),
+            event::Event::Accept(c) => Kind::Accept(conn_event(c)),
+            event::Event::Close(c) => Kind::Close(conn_event(c)),
+            event::Event::Exec(p) => Kind::Exec(proc_event(p)),
+            event::Event::Exit(p) => Kind::Exit(proc_event(p)),
+            event::Event::Listen(l) => Kind::Listen(Listen {
+                pid: l.pid,
+                comm: l.comm.clone(),
+                ts_ns: l.ts,
+                port: u32::from(l.port),
+            }),
+            event::Event::LibraryMapped(m) => Kind::LibraryMapped(LibraryMapped {
+                pid: m.pid,
+                ts_ns: m.ts,
+            }),
+            event::Event::Usdt(u) => Kind::Usdt(Usdt {
+                pid: u.pid,
+                tid: u.tid,
+                ts_ns: u.ts,
+                probe: llm_probe(u.probe) as i32,
+                request_id: u.request_id.clone(),
+                args: u.args.to_vec(),
+            }),
+            event::Event::CudaSync(c) => Kind::CudaSync(CudaSync {
+                pid: c.pid,
+                tid: c.tid,
+                ts_enter_ns: c.ts_enter,
+                ts_exit_ns: c.ts_exit,
+                call: cuda_call(c.call) as i32,
+                handle: c.handle,
+                kernel_launches: c.kernel_launches,
+                graph_launches: c.graph_launches,
+                memcpy_bytes: c.memcpy_bytes,
+            }),
+            event::Event::OffCpu(o) => Kind::OffCpu(OffCpu {
+                pid: o.pid,
+                tid: o.tid,
+                start_ns: o.start,
+                end_ns: o.end,
+                syscall: o.syscall,
+                state: o.state,
+                in_cuda_sync: o.in_cuda_sync,
+            }),
+            event::Event::SendHold(h) => Kind::SendHold(SendHold {
+                pid: h.pid,
+                tid: h.tid,
+                sock_ino: h.sock_ino,
+                write_ts_ns: h.write_ts,
+                release_ts_ns: h.release_ts,
+                held_bytes: h.held_bytes,
+            }),
+        };
+
+        Self { kind: Some(kind) }
+    }
+}
+
+impl TryFrom<Event> for event::Event {
+    type Error = anyhow::Error;
+
+    fn try_from(e: Event) -> Result<Self> {
+        use event_kind::Kind;
+        Ok(match e.kind.context("event of an unknown kind")? {
+            Kind::Data(d) => event::Event::Data(event::DataEvent {
+                conn: from_conn_id(d.conn)?,
+                tid: d.tid,
+                comm: d.comm,
+                ts_enter: d.ts_enter_ns,
+                ts_exit: d.ts_exit_ns,
+                direction: match Direction::try_from(d.direction) {
+                    Ok(Direction::Ingress) => event::Direction::Ingress,
+                    Ok(Direction::Egress) => event::Direction::Egress,
+                    Err(_) => bail!("unknown direction {}", d.direction),
+                },
+                call: from_io_call(d.call)?,
+                len: d.len,
+                payload: d.payload,
+                addrs: from_addrs(d.addrs)?,
+                tcp: d.tcp.map(|t| event::TcpSendState {
+                    nodelay: t.nodelay,
+                    unsent_bytes: t.unsent_bytes,
+                }),
+            }),
+            Kind::Accept(c) => event::Event::Accept(from_conn_event(c)?),
+            Kind::Close(c) => event::Event::Close(from_conn_event(c)?),
+            Kind::Exec(p) => event::Event::Exec(from_proc_event(p)),
+            Kind::Exit(p) => event::Event::Exit(from_proc_event(p)),
+            Kind::Listen(l) => event::Event::Listen(event::ListenEvent {
+                pid: l.pid,
+                comm: l.comm,
+                ts: l.ts_ns,
+                port: u16::try_from(l.port).context("a listening port above 65535")?,
+            }),
+            Kind::LibraryMapped(m) => event::Event::LibraryMapped(event::LibraryMapped {
+                pid: m.pid,
+                ts: m.ts_ns,
+            }),
+            Kind::Usdt(u) => event::Event::Usdt(event::UsdtEvent {
+                pid: u.pid,
+                tid: u.tid,
+                ts: u.ts_ns,
+                probe: from_llm_probe(u.probe)?,
+                args: <[u64; 3]>::try_from(u.args.as_slice()).map_err(|_| {
+                    anyhow::anyhow!("a USDT event with {} arguments, not 3", u.args.len())
+                })?,
+                request_id: u.request_id,
+            }),
+            Kind::CudaSync(c) => event::Event::CudaSync(event::CudaSyncEvent {
+                pid: c.pid,
+                tid: c.tid,
+                ts_enter: c.ts_enter_ns,
+                ts_exit: c.ts_exit_ns,
+                call: from_cuda_call(c.call)?,
+                handle: c.handle,
+                kernel_launches: c.kernel_launches,
+                graph_launches: c.graph_launches,
+                memcpy_bytes: c.memcpy_bytes,
+            }),
+            Kind::OffCpu(o) => event::Event::OffCpu(event::OffCpuEvent {
+                pid: o.pid,
+                tid: o.tid,
+                start: o.start_ns,
+                end: o.end_ns,
+                syscall: o.syscall,
+                state: o.state,
+                in_cuda_sync: o.in_cuda_sync,
+            }),
+            Kind::SendHold(h) => event::Event::SendHold(event::SendHoldEvent {
+                pid: h.pid,
+                tid: h.tid,
+                sock_ino: h.sock_ino,
+                write_ts: h.write_ts_ns,
+                release_ts: h.release_ts_ns,
+                held_bytes: h.held_bytes,
+            }),
+        })
+    }
+}
+
+impl From<&CoreProfile> for Profile {
+    fn from(p: &CoreProfile) -> Self {
+        Self {
+            frequency_hz: p.frequency_hz,
+            stacks: p
+                .stacks
+                .iter()
+                .map(|frames| Stack {
+                    frames: frames.clone(),
+                })
+                .collect(),
+            samples: p
+                .samples
+                .iter()
+                .map(|s| Sample {
+                    ts_ns: s.ts,
+                    pid: s.pid,
+                    tid: s.tid,
+                    stack: s.stack,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<Profile> for CoreProfile {
+    fn from(p: Profile) -> Self {
+        Self {
+            frequency_hz: p.frequency_hz,
+            stacks: p.stacks.into_iter().map(|s| s.frames).collect(),
+            samples: p
+                .samples
+                .into_iter()
+                .map(|s| CpuSample {
+                    ts: s.ts_ns,
+                    pid: s.pid,
+                    tid: s.tid,
+                    stack: s.stack,
+                })
+                .collect(),
+        }
+    }
+}
+
+// ------------------------------------------------------------ file I/O
+
+/// Streams a session's records into a raw.pb file.
+pub struct RawWriter {
+    out: BufWriter<File>,
+    buf: Vec<u8>,
+}
+
+impl RawWriter {
+    /// Creates `path` and writes the magic and the header.
+    pub fn create(path: &Path, meta: &RecordingMeta) -> Result<Self> {
+        let file = File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut writer = Self {
+            out: BufWriter::new(file),
+            buf: Vec::new(),
+        };
+        writer.out.write_all(MAGIC)?;
+        writer.record(record::Kind::Header(Header::from(meta)))?;
+        Ok(writer)
+    }
+
+    fn record(&mut self, kind: record::Kind) -> io::Result<()> {
+        self.buf.clear();
+        prost::Message::encode_length_delimited(&Record { kind: Some(kind) }, &mut self.buf)
+            .map_err(io::Error::other)?;
+        self.out.write_all(&self.buf)
+    }
+
+    pub fn event(&mut self, event: &event::Event) -> io::Result<()> {
+        self.record(record::Kind::Event(Event::from(event)))
+    }
+
+    pub fn tick(&mut self, now: u64) -> io::Result<()> {
+        self.record(record::Kind::Tick(Tick { now_ns: now }))
+    }
+
+    /// Writes the Finish record (and the profile) and flushes the file.
+    pub fn finish(
+        mut self,
+        now: u64,
+        counters: &SessionCounters,
+        profile: Option<&CoreProfile>,
+    ) -> io::Result<()> {
+        self.record(record::Kind::Finish(Finish {
+            now_ns: now,
+            events_dropped: counters.events_dropped,
+            samples_dropped: counters.samples_dropped,
+            profiled: profile.is_some(),
+        }))?;
+        if let Some(profile) = profile {
+            self.record(record::Kind::Profile(Profile::from(profile)))?;
+        }
+        self.out.flush()
+    }
+}
+
+/// Reads records back one at a time.
+pub struct RawReader<R> {
+    input: BufReader<R>,
+}
+
+impl RawReader<File> {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).with_context(|| format!("opening {}", path.display()))?;
+        Self::new(file).with_context(|| format!("reading {}", path.display()))
+    }
+}
+
+impl<R: Read> RawReader<R> {
+    /// Checks the magic bytes.
+    pub fn new(input: R) -> Result<Self> {
+        let mut input = BufReader::new(input);
+        let mut magic = [0u8; 8];
+        input
+            .read_exact(&mut magic)
+            .context("too short for a raw.pb file")?;
+        if &magic != MAGIC {
+            bail!("not a tokentrace raw.pb file (it does not start with {MAGIC:?})");
+        }
+        Ok(Self { input })
+    }
+
+    /// A varint length prefix; `None` at a clean end of file.
+    fn length(&mut self) -> Result<Option<u64>> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = match self.input.fill_buf()?.first() {
+                Some(&b) => b,
+                None if shift == 0 => return Ok(None),
+                None => bail!("the file ends inside a record length"),
+            };
+            self.input.consume(1);
+            value |= u64::from(byte & 0x7f) << shift;
+            if byte & 0x80 == 0 {
+                return Ok(Some(value));
+            }
+        }
+        bail!("a record length longer than 10 bytes")
+    }
+
+    /// The next record; `Ok(None)` at the end of the file.
+    pub fn next_record(&mut self) -> Result<Option<record::Kind>> {
+        let Some(len) = self.length()? else {
+            return Ok(None);
+        };
+        if len > MAX_RECORD_BYTES {
+            bail!("a record of {len} bytes: the file is corrupt");
+        }
+        let mut buf = vec![0u8; usize::try_from(len)?];
+        self.input
+            .read_exact(&mut buf)
+            .context("the file ends inside a record (was the agent stopped while writing?)")?;
+        let record: Record =
+            prost::Message::decode(buf.as_slice()).context("undecodable record")?;
+        Ok(record.kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::session::core::tests::{meta, sse_exchange};
+
+    fn path(name: &str) -> std::path::PathBuf {
+        std::env::temp_dir().join(format!("tt-rawpb-{}-{name}", std::process::id()))
+    }
+
+    #[test]
+    fn every_event_kind_round_trips() {
+        let mut events = sse_exchange(1_100_000_000, 2, "/v1/chat/completions");
+        events.push(event::Event::Exec(event::ProcEvent {
+            pid: 5,
+            ppid: 1,
+            comm: "python3".into(),
+            ts: 7,
+            filename: "/usr/bin/python3".into(),
+            exit_code: 0,
+        }));
+        events.push(event::Event::Exit(event::ProcEvent {
+            pid: 5,
+            ppid: 1,
+            comm: "python3".into(),
+            ts: 8,
+            filename: String::new(),
+            exit_code: 9,
+        }));
+        events.push(event::Event::Listen(event::ListenEvent {
+            pid: 5,
+            comm: "python3".into(),
+            ts: 9,
+            port: 8000,
+        }));
+        events.push(event::Event::LibraryMapped(event::LibraryMapped {
+            pid: 5,
+            ts: 10,
+        }));
+        events.push(event::Event::Usdt(event::UsdtEvent {
+            pid: 5,
+            tid: 6,
+            ts: 11,
+            probe: event::LlmProbe::Token,
+            request_id: "chatcmpl-1".into(),
+            args: [3, 0, 0],
+        }));
+        events.push(event::Event::CudaSync(event::CudaSyncEvent {
+            pid: 5,
+            tid: 6,
+            ts_enter: 12,
+            ts_exit: 13,
+            call: event::CudaSyncCall::CuCtxSynchronize,
+            handle: 0,
+            kernel_launches: 4,
+            graph_launches: 1,
+            memcpy_bytes: 4096,
+        }));
+        events.push(event::Event::OffCpu(event::OffCpuEvent {
+            pid: 5,
+            tid: 6,
+            start: 14,
+            end: 15,
+            syscall: None,
+            state: 0,
+            in_cuda_sync: true,
+        }));
+        events.push(event::Event::SendHold(event::SendHoldEvent {
+            pid: 5,
+            tid: 6,
+            sock_ino: 77,
+            write_ts: 16,
+            release_ts: 17,
+            held_bytes: 5,
+        }));
+
+        if let event::Event::Data(d) = &mut events[1] {
+            d.addrs = event::SockAddrs::from_raw(
+                10,
+                1,
+                2,
+                [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+                [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            );
+            d.call = event::IoCall::SslRead;
+            d.tcp = Some(event::TcpSendState {
+                nodelay: false,
+                unsent_bytes: 12,
+            });
+        }
+        for e in &events {
+            let back = event::Event::try_from(Event::from(e)).expect("decode");
+            assert_eq!(&back, e);
+        }
+    }
+
+    #[test]
+    fn file_round_trips_and_truncation_is_an_error() {
+        let p = path("file");
+        let m = meta();
+        let mut w = RawWriter::create(&p, &m).expect("create");
+        let events = sse_exchange(1_100_000_000, 2, "/x");
+        for e in &events {
+            w.event(e).expect("event");
+        }
+        w.tick(1_500_000_000).expect("tick");
+        let profile = CoreProfile {
+            frequency_hz: 99,
+            stacks: vec![vec!["a".into(), "b".into()]],
+            samples: vec![CpuSample {
+                ts: 1,
+                pid: 2,
+                tid: 3,
+                stack: 0,
+            }],
+        };
+        let counters = SessionCounters {
+            events_dropped: 4,
+            ..SessionCounters::default()
+        };
+        w.finish(2_000_000_000, &counters, Some(&profile))
+            .expect("finish");
+
+        let mut r = RawReader::open(&p).expect("open");
+        let mut kinds = Vec::new();
+        while let Some(k) = r.next_record().expect("record") {
+            kinds.push(k);
+        }
+        assert_eq!(kinds.len(), 1 + events.len() + 3);
+        match &kinds[0] {
+            record::Kind::Header(h) => assert_eq!(
+                h.meta(),
+                RecordingMeta {
+                    ended_ns: m.started_ns,
+                    ..m
+                }
+            ),
+            other => panic!("first record {other:?}"),
+        }
+        assert!(matches!(
+            kinds[kinds.len() - 2],
+            record::Kind::Finish(Finish {
+                events_dropped: 4,
+                profiled: true,
+                ..
+            })
+        ));
+        match kinds.last() {
+            Some(record::Kind::Profile(p)) => assert_eq!(CoreProfile::from(p.clone()), profile),
+            other => panic!("last record {other:?}"),
+        }
+
+        let bytes = std::fs::read(&p).expect("read");
+        let cut = &bytes[..bytes.len() - 3];
+        let mut r = RawReader::new(cut).expect("magic");
+        let mut result = Ok(None);
+        for _ in 0..kinds.len() {
+            result = r.next_record();
+            if result.is_err() {
+                break;
+            }
+        }
+        assert!(result.is_err(), "a cut record is reported");
+        assert!(RawReader::new(&b"not a raw file"[..]).is_err());
+        let _ = std::fs::remove_file(&p);
+    }
+}

@@ -1,0 +1,269 @@
+//! The `record` and `replay` commands.
+//!
+//! Local `record` runs the normal pipeline (`run::run_with`) with timeline
+//! printing off and one session on the hub it is given; the session ends
+//! when the run does (duration or Ctrl-C) and then writes its artifacts.
+//! With `--remote` the same session runs on another agent instead.
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+
+use super::control::ControlArgs;
+use super::hub::{HubSettings, SelectorSpec, SessionHub, SessionRequest, SessionState};
+use super::profile::DEFAULT_FREQUENCY_HZ;
+use super::progress::ProgressPrinter;
+use super::remote::RemoteClient;
+use super::{replay, write_artifacts, Artifact};
+use crate::cli::RunArgs;
+use crate::config::Config;
+use crate::output::OutputFormat;
+use crate::run::{run_with, RunHooks};
+
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// Record this process (repeatable). Children it forks are included.
+    #[arg(long, value_delimiter = ',')]
+    pub pid: Vec<u32>,
+
+    /// Record the processes listening on this TCP port (repeatable).
+    #[arg(long, value_delimiter = ',')]
+    pub port: Vec<u16>,
+
+    /// Record processes whose executable path or command line matches this regex.
+    #[arg(long)]
+    pub exe: Option<String>,
+
+    /// Record processes whose name (comm) matches this regex.
+    #[arg(long)]
+    pub comm: Option<String>,
+
+    /// How long to record (e.g. 30s, 2m). Ctrl-C ends it early; the
+    /// artifacts are written either way.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Directory for report.html, trace.json, requests.csv/.jsonl, flame.svg
+    /// (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+
+    /// CPU sampling frequency for the flame graph; 0 turns sampling off.
+    #[arg(long, default_value_t = DEFAULT_FREQUENCY_HZ)]
+    pub profile_hz: u64,
+
+    /// Also write raw.pb, the raw event stream for `tokentrace replay`.
+    /// It holds captured request and response bytes: share it with care.
+    #[arg(long)]
+    pub raw: bool,
+
+    /// YAML config file (local recording).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// Payload bytes captured per syscall (local recording).
+    #[arg(long)]
+    pub capture_bytes: Option<u32>,
+
+    /// Run the session on the agent serving this control endpoint
+    /// (`tokentrace run` on that node), e.g. http://node-1:9465.
+    #[arg(long)]
+    pub remote: Option<String>,
+
+    /// Bearer token for --remote, read from this file (else from
+    /// TOKENTRACE_CONTROL_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// A raw.pb written by `tokentrace record --raw`.
+    pub raw: PathBuf,
+
+    /// Directory for the rebuilt artifacts (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+impl RecordArgs {
+    fn request(&self) -> SessionRequest {
+        SessionRequest {
+            selector: SelectorSpec {
+                pid: self.pid.clone(),
+                port: self.port.clone(),
+                exe: self.exe.clone(),
+                comm: self.comm.clone(),
+            },
+            duration: None,
+            profile_hz: self.profile_hz,
+            raw: self.raw,
+        }
+    }
+
+    fn token(&self) -> Result<Option<String>> {
+        if let Some(path) = &self.token_file {
+            let token = std::fs::read_to_string(path)
+                .with_context(|| format!("--token-file {}", path.display()))?;
+            return Ok(Some(token.trim().to_string()));
+        }
+        Ok(std::env::var("TOKENTRACE_CONTROL_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty()))
+    }
+}
+
+fn print_artifacts(out: &std::path::Path, artifacts: &[Artifact]) {
+    for artifact in artifacts {
+        println!(
+            "{}\t{} bytes",
+            out.join(&artifact.name).display(),
+            artifact.bytes
+        );
+    }
+}
+
+/// `tokentrace record`.
+pub async fn record(args: RecordArgs) -> Result<()> {
+    if args.remote.is_some() {
+        return record_remote(args).await;
+    }
+    let config = Config::load(args.config.as_deref())?;
+    let hub = SessionHub::new(HubSettings {
+        stitch: crate::stitch::StitchConfig {
+            max_buffered_bytes: config.stitch.max_buffered_bytes,
+            max_connections: config.stitch.max_connections,
+        },
+        idle_timeout: config.stitch.idle_timeout,
+        explain: config.explain.clone(),
+        sessions_dir: args.out.clone(),
+        allow_raw: true,
+        max_duration: None,
+    });
+    let session = hub
+        .start(args.request(), Some(args.out.clone()))
+        .map_err(anyhow::Error::msg)?;
+    let run_args = RunArgs {
+        pid: args.pid.clone(),
+        port: args.port.clone(),
+        exe: args.exe.clone(),
+        comm: args.comm.clone(),
+        output: OutputFormat::Text,
+        requests: None,
+        duration: Some(args.duration),
+        config: args.config.clone(),
+        capture_bytes: args.capture_bytes,
+        export: Box::default(),
+        k8s: Box::default(),
+        control: Box::new(ControlArgs {
+            no_control: true,
+            ..ControlArgs::default()
+        }),
+    };
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let progress = {
+        let hub = hub.clone();
+        let id = session.id.clone();
+        let total = args.duration;
+        tokio::spawn(async move {
+            if ready_rx.await.is_err() {
+                return;
+            }
+            let since = Instant::now();
+            let mut printer = ProgressPrinter::default();
+            let mut every = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                every.tick().await;
+                let Some(status) = hub.status(&id) else {
+                    return;
+                };
+                if status.state != SessionState::Running {
+                    printer.done();
+                    return;
+                }
+                let mut p = status.progress;
+                p.elapsed_ms = since.elapsed().as_millis() as u64;
+                p.duration_ms = Some(total.as_millis() as u64);
+                printer.show(&p);
+            }
+        })
+    };
+    let hooks = RunHooks {
+        sessions: Some(hub.clone()),
+        quiet: true,
+        ready: Some(ready_tx),
+    };
+    let run = run_with(run_args, hooks).await;
+    progress.abort();
+    if std::io::stderr().is_terminal() {
+        // end the progress line redrawn in place
+        eprintln!();
+    }
+    // Whatever ended the run, the session ends with it and writes what it has.
+    let hub_done = hub.clone();
+    tokio::task::spawn_blocking(move || hub_done.shutdown())
+        .await
+        .context("waiting for the session to finish")?;
+    let summary = run?;
+    eprintln!("{summary}");
+    let Some(status) = hub.status(&session.id) else {
+        bail!("the session disappeared");
+    };
+    for warning in &status.warnings {
+        eprintln!("tokentrace: warning: {warning}");
+    }
+    if status.state != SessionState::Done {
+        bail!(
+            "the session failed: {}",
+            status.error.as_deref().unwrap_or("no reason given")
+        );
+    }
+    eprintln!("tokentrace: {}", status.progress.line());
+    print_artifacts(&args.out, &status.artifacts);
+    Ok(())
+}
+
+async fn record_remote(args: RecordArgs) -> Result<()> {
+    let url = args.remote.clone().unwrap_or_default();
+    let client = RemoteClient::new(&url, args.token()?)?;
+    let request = SessionRequest {
+        duration: Some(args.duration),
+        ..args.request()
+    };
+    let interrupt = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let (status, artifacts) =
+        super::remote::record(&client, &request, &args.out, interrupt).await?;
+    for warning in &status.warnings {
+        eprintln!("tokentrace: warning: {warning}");
+    }
+    eprintln!("tokentrace: {}", status.progress.line());
+    print_artifacts(&args.out, &artifacts);
+    Ok(())
+}
+
+/// `tokentrace replay`.
+pub fn replay(args: &ReplayArgs) -> Result<()> {
+    let (recording, ending) = replay::load(&args.raw)?;
+    if let replay::Ending::Truncated(why) = &ending {
+        eprintln!(
+            "tokentrace: warning: {} is incomplete ({why}); replayed up to its last whole record",
+            args.raw.display()
+        );
+    }
+    let artifacts = write_artifacts(&args.out, &recording)?;
+    eprintln!(
+        "tokentrace: replayed {} requests from {}",
+        recording.timelines.len(),
+        args.raw.display()
+    );
+    print_artifacts(&args.out, &artifacts);
+    Ok(())
+}

@@ -1,0 +1,656 @@
+//! Root-only end-to-end tests of recording sessions: `tokentrace record`
+//! against a real streaming server under load, `tokentrace replay` of its
+//! raw.pb, the HTML report in headless Chromium, and `record --remote`
+//! against a running daemon (`tokentrace run` with its control endpoint).
+//!
+//! Run (as root; CI does):
+//!   cargo test -p tokentrace --test session_record -- --test-threads=1 --nocapture
+//!
+//! Needs python3, a C compiler (the hot function) and Debian's chromium.
+//! Artifacts of the last run (the session directory, the screenshot) stay
+//! under target/session-tests/ for inspection.
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// The function the hot server burns CPU in (tests/servers/hot_spin.c).
+const HOT_FUNCTION: &str = "tokentrace_test_hot_spin";
+/// Process id of the "Requests" tracks in trace.json.
+const REQUESTS_PID: u64 = 1 << 30;
+
+fn out_root() -> PathBuf {
+    repo_root().join("target").join("session-tests")
+}
+
+fn fresh_dir(name: &str) -> PathBuf {
+    let dir = out_root().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("creating {}: {e}", dir.display()));
+    dir
+}
+
+/// A child killed on drop, with its stderr lines delivered on a channel.
+struct Running {
+    name: &'static str,
+    child: Child,
+    lines: Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Running {
+    fn spawn(name: &'static str, cmd: &mut Command) -> Self {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let (tx, rx) = mpsc::channel();
+        for stream in [
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tx = tx.clone();
+            thread::spawn(move || {
+                for line in BufReader::new(stream).lines() {
+                    let Ok(line) = line else { break };
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+        Running {
+            name,
+            child,
+            lines: rx,
+            seen: Vec::new(),
+        }
+    }
+
+    /// Waits for a line containing `needle`; returns it.
+    fn wait_line(&mut self, needle: &str, timeout: Duration) -> String {
+        self.wait_for(needle, |line| line.contains(needle), timeout)
+    }
+
+    /// Waits for a line `wanted` accepts (`what` names it in failures).
+    fn wait_for(&mut self, what: &str, wanted: impl Fn(&str) -> bool, timeout: Duration) -> String {
+        let needle = what;
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match self
+                .lines
+                .recv_timeout(left.min(Duration::from_millis(200)))
+            {
+                Ok(line) => {
+                    self.seen.push(line.clone());
+                    if wanted(&line) {
+                        return line;
+                    }
+                }
+                Err(_) => {
+                    if let Ok(Some(st)) = self.child.try_wait() {
+                        self.drain();
+                        panic!(
+                            "{} exited ({st}) before printing {needle:?}; output:\n{}",
+                            self.name,
+                            self.seen.join("\n")
+                        );
+                    }
+                }
+            }
+        }
+        panic!(
+            "{} printed no {needle:?} within {timeout:?}; output:\n{}",
+            self.name,
+            self.seen.join("\n")
+        );
+    }
+
+    fn drain(&mut self) {
+        while let Ok(line) = self.lines.try_recv() {
+            self.seen.push(line);
+        }
+    }
+
+    fn wait_exit(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            if let Ok(Some(st)) = self.child.try_wait() {
+                thread::sleep(Duration::from_millis(200));
+                self.drain();
+                return st;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} still running after {timeout:?}; output:\n{}",
+                self.name,
+                self.seen.join("\n")
+            );
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, sig);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if thread::panicking() {
+            self.drain();
+            let start = self.seen.len().saturating_sub(60);
+            eprintln!(
+                "---- {} output tail ----\n{}\n---- end ----",
+                self.name,
+                self.seen[start..].join("\n")
+            );
+        }
+    }
+}
+
+/// Compiles tests/servers/hot_spin.c into a shared library.
+fn build_hot_lib() -> PathBuf {
+    let out = out_root().join("libtt_hot.so");
+    std::fs::create_dir_all(out_root()).expect("target/session-tests");
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let status = Command::new(&cc)
+        .args([
+            "-O1",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-shared",
+            "-fPIC",
+            "-o",
+        ])
+        .arg(&out)
+        .arg(repo_root().join("tests/servers/hot_spin.c"))
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run the C compiler {cc:?} (apt-get install gcc): {e}"));
+    assert!(status.success(), "compiling hot_spin.c failed: {status}");
+    out
+}
+
+/// The hot server: stdlib_sse.py plus `HOT_FUNCTION` before every chunk.
+fn start_hot_server(lib: &Path) -> (Running, u16) {
+    let mut server = Running::spawn(
+        "hot_sse.py",
+        Command::new(python())
+            .arg("-u")
+            .arg(repo_root().join("tests/servers/hot_sse.py"))
+            .args([
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--burn-ms",
+                "4",
+                "--hot-lib",
+            ])
+            .arg(lib)
+            .current_dir(repo_root()),
+    );
+    let ready = server.wait_line("READY ", Duration::from_secs(30));
+    let port = ready
+        .trim()
+        .trim_start_matches("READY ")
+        .parse()
+        .unwrap_or_else(|_| panic!("bad READY line {ready:?}"));
+    (server, port)
+}
+
+fn tokentrace(args: &[&str]) -> Command {
+    let mut cmd = Command::new(agent_bin());
+    for (k, _) in std::env::vars_os() {
+        let key = k.to_string_lossy();
+        if key.starts_with("TOKENTRACE_") && key != "TOKENTRACE_LOG" {
+            cmd.env_remove(&k);
+        }
+    }
+    cmd.args(args).current_dir(repo_root());
+    cmd
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+}
+
+fn sizes(dir: &Path) -> String {
+    let mut entries: Vec<String> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter_map(|e| {
+                    let len = e.metadata().ok()?.len();
+                    Some(format!("{} {} B", e.file_name().to_string_lossy(), len))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    entries.sort();
+    entries.join(", ")
+}
+
+/// The request count of a `record` progress line
+/// (`tokentrace: recording 12s/30s · 143 requests · …`).
+fn requests_in_progress(line: &str) -> Option<usize> {
+    let rest = line.split("recording ").nth(1)?;
+    let field = rest.split(" · ").nth(1)?;
+    field.strip_suffix(" requests")?.parse().ok()
+}
+
+/// trace.json: request track label → number of token instants.
+fn request_tracks(trace: &Value) -> BTreeMap<String, usize> {
+    let events = trace["traceEvents"]
+        .as_array()
+        .expect("trace.json has a traceEvents array");
+    let mut names: BTreeMap<u64, String> = BTreeMap::new();
+    let mut tokens: BTreeMap<u64, usize> = BTreeMap::new();
+    for e in events.iter().filter(|e| e["pid"] == REQUESTS_PID) {
+        let tid = e["tid"].as_u64().unwrap_or(0);
+        match (e["ph"].as_str(), e["name"].as_str()) {
+            (Some("M"), Some("thread_name")) => {
+                let label = e["args"]["name"].as_str().unwrap_or_default().to_string();
+                assert!(
+                    names.insert(tid, label).is_none(),
+                    "two names for request track {tid}"
+                );
+            }
+            (Some("i"), Some("token")) => *tokens.entry(tid).or_default() += 1,
+            _ => {}
+        }
+    }
+    names
+        .into_iter()
+        .map(|(tid, label)| (label, tokens.get(&tid).copied().unwrap_or(0)))
+        .collect()
+}
+
+/// Renders report.html in headless Chromium: a screenshot kept as a test
+/// artifact, no console message at all (the page logs nothing on
+/// success), and the script's output present in the DOM.
+fn check_report_in_chromium(report: &Path, screenshot: &Path) {
+    let chromium = std::env::var("TOKENTRACE_TEST_CHROMIUM").unwrap_or_else(|_| "chromium".into());
+    let profile = std::env::temp_dir().join(format!("tt-chromium-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&profile);
+    let url = format!("file://{}", report.display());
+    let base = |extra: &[String]| {
+        let mut cmd = Command::new(&chromium);
+        cmd.args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            "--no-first-run",
+            "--enable-logging=stderr",
+            "--v=0",
+            "--hide-scrollbars",
+            "--window-size=1400,2600",
+            "--virtual-time-budget=3000",
+        ])
+        .arg(format!("--user-data-dir={}", profile.display()))
+        .args(extra)
+        .arg(&url);
+        cmd
+    };
+    let shot = base(&[format!("--screenshot={}", screenshot.display())])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run {chromium} (apt-get install chromium; CI installs it): {e}")
+        });
+    let dom = base(&["--dump-dom".to_string()])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {chromium}: {e}"));
+    let _ = std::fs::remove_dir_all(&profile);
+    let stderr = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&shot.stderr),
+        String::from_utf8_lossy(&dom.stderr)
+    );
+    let console: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("CONSOLE") || l.contains("Uncaught"))
+        .collect();
+    assert!(
+        console.is_empty(),
+        "report.html logged to the console:\n{}",
+        console.join("\n")
+    );
+    assert!(
+        shot.status.success(),
+        "chromium --screenshot failed:\n{stderr}"
+    );
+    let png = std::fs::metadata(screenshot).map(|m| m.len()).unwrap_or(0);
+    assert!(
+        png > 10_000,
+        "screenshot {} is {png} bytes",
+        screenshot.display()
+    );
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    for (what, needle) in [
+        ("summary table", "<th>p95</th>"),
+        ("waterfall", "class=\"tick\""),
+        ("histogram", "class=\"bar\""),
+        ("slowest requests", "<th>longest gap</th>"),
+    ] {
+        assert!(
+            dom.contains(needle),
+            "the rendered page has no {what} ({needle})"
+        );
+    }
+    eprintln!(
+        "[test] report rendered in chromium, screenshot {} ({png} B)",
+        screenshot.display()
+    );
+}
+
+#[test]
+fn progress_lines_parse() {
+    assert_eq!(
+        requests_in_progress(
+            "tokentrace: recording 5s/120s · 48 requests · TTFT p50 40.1 ms p95 -"
+        ),
+        Some(48)
+    );
+    assert_eq!(requests_in_progress("tokentrace: ready"), None);
+}
+
+#[test]
+fn root_record_session_under_load_then_replay_and_render() {
+    require_root("root_record_session_under_load_then_replay_and_render");
+    let lib = build_hot_lib();
+    let (server, port) = start_hot_server(&lib);
+    let out = fresh_dir("record");
+    let server_pid = server.child.id().to_string();
+    let out_arg = out.display().to_string();
+    let mut record = Running::spawn(
+        "tokentrace record",
+        &mut tokentrace(&[
+            "record",
+            "--pid",
+            &server_pid,
+            "--duration",
+            "120s",
+            "--out",
+            &out_arg,
+            "--raw",
+            "--profile-hz",
+            "199",
+        ]),
+    );
+    record.wait_line("tokentrace: ready", Duration::from_secs(60));
+
+    // Load: 48 streams, 6 at a time, each 12 tokens (+ a usage chunk).
+    let mut run = ClientRun::sse(48, 6, "rec-");
+    run.token_delay_ms = 10.0;
+    run.ttft_ms = 30.0;
+    let t0 = Instant::now();
+    let client = run_client(port, &run);
+    eprintln!(
+        "[test] client: {} requests in {:.2} s",
+        client.len(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert_eq!(client.len(), 48);
+    assert!(
+        client.iter().all(|c| c.status == Some(200)),
+        "every request succeeded"
+    );
+    // On a loaded 2-core machine the agent can lag the client by a second
+    // or more: stop once the session has seen every request (its progress
+    // line, every 5 s when stderr is not a terminal).
+    let total = client.len();
+    record.wait_for(
+        &format!("a progress line with {total} requests"),
+        |line| requests_in_progress(line).is_some_and(|n| n >= total),
+        Duration::from_secs(60),
+    );
+
+    // Ctrl-C ends the session early; the artifacts are still written.
+    let stopped = Instant::now();
+    record.signal(libc::SIGINT);
+    let status = record.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.success(),
+        "record exited with {status}:\n{}",
+        record.seen.join("\n")
+    );
+    eprintln!(
+        "[test] record wrote its artifacts {:.2} s after SIGINT: {}",
+        stopped.elapsed().as_secs_f64(),
+        sizes(&out)
+    );
+    for name in [
+        "report.html",
+        "trace.json",
+        "requests.csv",
+        "requests.jsonl",
+        "flame.svg",
+        "raw.pb",
+    ] {
+        let len = std::fs::metadata(out.join(name))
+            .map(|m| m.len())
+            .unwrap_or(0);
+        assert!(len > 0, "{name} missing or empty in {}", out.display());
+    }
+
+    // requests.csv: one row per request sent
+    let csv = read(&out.join("requests.csv"));
+    assert_eq!(
+        csv.lines().count() - 1,
+        client.len(),
+        "requests.csv rows vs requests sent"
+    );
+
+    // trace.json: one track per request, one token instant per chunk
+    let trace: Value =
+        serde_json::from_str(&read(&out.join("trace.json"))).expect("trace.json is JSON");
+    let tracks = request_tracks(&trace);
+    assert_eq!(tracks.len(), client.len(), "one track per request");
+    for c in &client {
+        let (label, tokens) = tracks
+            .iter()
+            .find(|(label, _)| label.contains(&format!(" {} ", c.path)))
+            .unwrap_or_else(|| panic!("no track for {}", c.path));
+        assert_eq!(
+            *tokens as u64, c.chunks,
+            "{label}: token instants vs chunks the client received"
+        );
+    }
+
+    // requests.jsonl: complete, nothing aborted
+    let jsonl = read(&out.join("requests.jsonl"));
+    let rows: Vec<Value> = jsonl
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("requests.jsonl line"))
+        .collect();
+    assert_eq!(rows.len(), client.len());
+    assert!(
+        rows.iter().all(|r| r["aborted"] == false),
+        "no request aborted"
+    );
+
+    // flame.svg: the server's hot native function
+    let flame = read(&out.join("flame.svg"));
+    let hot = flame.matches(HOT_FUNCTION).count();
+    assert!(
+        hot > 0,
+        "flame.svg does not show {HOT_FUNCTION}; it has {} bytes",
+        flame.len()
+    );
+
+    // replay of raw.pb reproduces the outputs
+    let replayed = fresh_dir("replay");
+    let raw = out.join("raw.pb").display().to_string();
+    let replay_out = replayed.display().to_string();
+    let replay = tokentrace(&["replay", &raw, "--out", &replay_out])
+        .output()
+        .expect("run tokentrace replay");
+    assert!(
+        replay.status.success(),
+        "replay failed: {}",
+        String::from_utf8_lossy(&replay.stderr)
+    );
+    assert_eq!(
+        read(&replayed.join("requests.jsonl")),
+        jsonl,
+        "replayed requests.jsonl"
+    );
+    assert_eq!(
+        read(&replayed.join("requests.csv")),
+        csv,
+        "replayed requests.csv"
+    );
+    assert_eq!(
+        read(&replayed.join("trace.json")),
+        read(&out.join("trace.json")),
+        "replayed trace.json"
+    );
+    assert_eq!(
+        read(&replayed.join("flame.svg")),
+        flame,
+        "replayed flame.svg"
+    );
+
+    check_report_in_chromium(&out.join("report.html"), &out_root().join("report.png"));
+    drop(server);
+}
+
+#[test]
+fn root_remote_session_against_a_running_daemon() {
+    require_root("root_remote_session_against_a_running_daemon");
+    let server = start_server(ServerKind::Stdlib, &[]);
+    let dir = fresh_dir("remote");
+    let token = dir.join("token");
+    std::fs::write(&token, "test-token-123\n").expect("token file");
+    let mut agent = start_agent(&[
+        "--pid".into(),
+        server.pid().to_string(),
+        "--duration".into(),
+        "300s".into(),
+        "--control-addr".into(),
+        "127.0.0.1:0".into(),
+        "--control-token-file".into(),
+        token.display().to_string(),
+        "--session-dir".into(),
+        dir.join("sessions").display().to_string(),
+    ]);
+    let control = agent
+        .proc
+        .stderr
+        .lines()
+        .iter()
+        .find_map(|l| {
+            l.split("control endpoint at ")
+                .nth(1)
+                .map(|url| url.trim().to_string())
+        })
+        .expect("the daemon announces its control endpoint");
+    eprintln!("[test] daemon control endpoint {control}");
+
+    let out = dir.join("out");
+    let out_arg = out.display().to_string();
+    let pid = server.pid().to_string();
+    let token_arg = token.display().to_string();
+    let mut record = Running::spawn(
+        "tokentrace record --remote",
+        &mut tokentrace(&[
+            "record",
+            "--remote",
+            &control,
+            "--token-file",
+            &token_arg,
+            "--pid",
+            &pid,
+            "--duration",
+            "120s",
+            "--out",
+            &out_arg,
+        ]),
+    );
+    record.wait_line("started on", Duration::from_secs(30));
+    let mut run = ClientRun::sse(12, 3, "remote-");
+    run.token_delay_ms = 10.0;
+    let client = run_client(server.port, &run);
+    assert_eq!(client.len(), 12);
+
+    // normal output went on undisturbed: every request printed by the
+    // daemon (the session got each batch before the daemon stitched it)
+    let missing = agent.wait_for_paths(&paths(&client), Duration::from_secs(30));
+    assert!(missing.is_empty(), "the daemon did not report {missing:?}");
+
+    // Ctrl-C stops the remote session early; it still renders and the
+    // client downloads its artifacts.
+    record.signal(libc::SIGINT);
+
+    let status = record.wait_exit(Duration::from_secs(60));
+    assert!(
+        status.success(),
+        "record --remote exited with {status}:\n{}",
+        record.seen.join("\n")
+    );
+    eprintln!("[test] downloaded: {}", sizes(&out));
+    for name in [
+        "report.html",
+        "trace.json",
+        "requests.csv",
+        "requests.jsonl",
+        "flame.svg",
+    ] {
+        assert!(out.join(name).is_file(), "{name} not downloaded");
+    }
+    assert!(
+        record.seen.iter().any(|l| l.contains("stopping session")),
+        "record --remote did not stop the session on SIGINT"
+    );
+    let csv = read(&out.join("requests.csv"));
+    assert_eq!(
+        csv.lines().count() - 1,
+        client.len(),
+        "requests.csv rows; record said:\n{}\nrequests.csv:\n{csv}",
+        record.seen.join("\n")
+    );
+    let tracks = request_tracks(
+        &serde_json::from_str(&read(&out.join("trace.json"))).expect("trace.json is JSON"),
+    );
+    assert_eq!(tracks.len(), client.len());
+
+    // the artifacts stay downloadable from the daemon's session directory
+    let sessions: Vec<PathBuf> = std::fs::read_dir(dir.join("sessions"))
+        .expect("session dir")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    assert_eq!(sessions.len(), 1, "{sessions:?}");
+    assert!(sessions[0].join("report.html").is_file());
+
+    let stop = agent.stop();
+    assert!(stop.is_some_and(|s| s.success()), "daemon exit {stop:?}");
+}
