@@ -7,8 +7,14 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 /// The workspace root (xtask lives one level below it).
+/// `cargo xtask` sets CARGO_MANIFEST_DIR when it runs the task; the
+/// compile-time value is only a fallback, since a binary shared through a
+/// target directory may have been built from another checkout.
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    let manifest_dir = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")));
+    manifest_dir
         .parent()
         .map(Path::to_path_buf)
         .unwrap_or_else(|| PathBuf::from("."))
