@@ -31,11 +31,12 @@ pub const MAX_WATERFALL_ROWS: usize = 500;
 pub const SLOWEST_ROWS: usize = 10;
 /// Bars of the TTFT histogram.
 const HISTOGRAM_BINS: usize = 30;
-/// An inter-token gap counts as a stall when it is this many times the
-/// request's median gap …
-const STALL_FACTOR: u64 = 3;
-/// … and at least this long (ns): sub-5 ms jitter is not a stall.
-const STALL_MIN_NS: u64 = 5_000_000;
+/// An inter-token gap is "slow" when it is this many times the request's
+/// median gap …
+const SLOW_GAP_FACTOR: u64 = 3;
+/// … and at least this long (ns): sub-5 ms jitter is not slow. (Relative to
+/// the request itself, unlike the explainer's absolute stall threshold.)
+const SLOW_GAP_MIN_NS: u64 = 5_000_000;
 
 #[derive(Debug, Serialize)]
 struct Dist {
@@ -117,10 +118,10 @@ struct Breakdown {
     longest_gap_ms: Option<f64>,
     /// Token index after the longest gap.
     longest_gap_at: Option<usize>,
-    /// Gaps of at least [`STALL_FACTOR`] × the median gap and
-    /// [`STALL_MIN_NS`]: how many, and their total.
-    stalls: usize,
-    stall_ms: f64,
+    /// Gaps of at least [`SLOW_GAP_FACTOR`] × the median gap and
+    /// [`SLOW_GAP_MIN_NS`]: how many, and their total.
+    slow_gaps: usize,
+    slow_gap_ms: f64,
     /// On-CPU samples of the serving process while the request ran.
     cpu_samples: Option<usize>,
     /// Where the explainer's late chunks spent their gaps, largest first
@@ -167,13 +168,16 @@ fn bin_width(max_ms: f64, bins: usize) -> f64 {
         .unwrap_or(10.0 * magnitude)
 }
 
+/// Bars from the bin holding the smallest TTFT to the one holding the
+/// largest: a narrow spread far from zero is not squeezed into one corner.
 fn histogram(ttfts_ns: &[u64]) -> Vec<Bin> {
-    let Some(&max) = ttfts_ns.iter().max() else {
+    let (Some(&min), Some(&max)) = (ttfts_ns.iter().min(), ttfts_ns.iter().max()) else {
         return Vec::new();
     };
-    let width = bin_width(ms(max), HISTOGRAM_BINS);
-    let count = ((ms(max) / width).floor() as usize + 1).min(HISTOGRAM_BINS * 3);
-    let mut bins: Vec<Bin> = (0..count)
+    let width = bin_width(ms(max) - ms(min), HISTOGRAM_BINS);
+    let first = (ms(min) / width).floor() as usize;
+    let count = ((ms(max) / width).floor() as usize + 1 - first).min(HISTOGRAM_BINS * 3);
+    let mut bins: Vec<Bin> = (first..first + count)
         .map(|i| Bin {
             lo: i as f64 * width,
             hi: (i + 1) as f64 * width,
@@ -181,7 +185,9 @@ fn histogram(ttfts_ns: &[u64]) -> Vec<Bin> {
         })
         .collect();
     for &v in ttfts_ns {
-        let i = ((ms(v) / width).floor() as usize).min(count - 1);
+        let i = ((ms(v) / width).floor() as usize)
+            .saturating_sub(first)
+            .min(count - 1);
         bins[i].n += 1;
     }
     bins
@@ -231,8 +237,8 @@ fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Br
     let mut sorted = gaps.clone();
     sorted.sort_unstable();
     let median = percentile(&sorted, 50.0).unwrap_or(0);
-    let threshold = (median * STALL_FACTOR).max(STALL_MIN_NS);
-    let stalls: Vec<u64> = gaps.iter().copied().filter(|&g| g >= threshold).collect();
+    let threshold = (median * SLOW_GAP_FACTOR).max(SLOW_GAP_MIN_NS);
+    let slow: Vec<u64> = gaps.iter().copied().filter(|&g| g >= threshold).collect();
     let longest = gaps
         .iter()
         .enumerate()
@@ -254,8 +260,8 @@ fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Br
         stream_ms: first.map(|f| ms(t.end.saturating_sub(f))),
         longest_gap_ms: longest.map(|(_, g)| ms(g)),
         longest_gap_at: longest.map(|(i, _)| i),
-        stalls: stalls.len(),
-        stall_ms: ms(stalls.iter().sum()),
+        slow_gaps: slow.len(),
+        slow_gap_ms: ms(slow.iter().sum()),
         cpu_samples,
         causes: causes(&t.stalls),
         abort_reason: t
@@ -407,8 +413,12 @@ mod tests {
     fn histogram_counts_every_request() {
         let bins = histogram(&[10_000_000, 12_000_000, 50_000_000]);
         assert_eq!(bins.iter().map(|b| b.n).sum::<usize>(), 3);
-        assert_eq!(bins[0].lo, 0.0);
+        assert_eq!(bins[0].lo, 10.0, "starts at the smallest TTFT's bin");
+        assert_eq!(bins[0].hi - bins[0].lo, 2.0);
         assert!(bins.last().expect("bins").hi >= 50.0);
+        let same = histogram(&[7_000_000, 7_000_000]);
+        assert_eq!(same.len(), 1);
+        assert_eq!(same[0].n, 2);
         assert!(histogram(&[]).is_empty());
     }
 
@@ -430,8 +440,8 @@ mod tests {
         assert_eq!(b.chunks, 4);
         assert_eq!(b.longest_gap_ms, Some(110.0));
         assert_eq!(b.longest_gap_at, Some(3));
-        assert_eq!(b.stalls, 1);
-        assert_eq!(b.stall_ms, 110.0);
+        assert_eq!(b.slow_gaps, 1);
+        assert_eq!(b.slow_gap_ms, 110.0);
         assert_eq!(b.wait_ms, Some(50.0));
         assert_eq!(b.cpu_samples, Some(0));
         assert_eq!(b.causes, "unexplained 50.0 ms", "the TTFT over 30 ms");

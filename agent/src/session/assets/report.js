@@ -27,14 +27,18 @@
     const n = Math.abs(v) >= 100 ? v.toFixed(0) : v.toFixed(1);
     return unit ? n + " " + unit : n;
   }
-  function table(headers, rows) {
+  // `wrap`: indexes of columns whose text may wrap (long free text).
+  function table(headers, rows, wrap) {
     const t = el("table");
     const head = el("tr");
     headers.forEach((h) => head.appendChild(el("th", {}, h)));
     t.appendChild(head);
     rows.forEach((r) => {
       const tr = el("tr");
-      r.forEach((c, i) => tr.appendChild(el("td", i === 0 ? { class: "label", title: String(c) } : {}, String(c))));
+      r.forEach((c, i) => {
+        const attrs = i === 0 ? { class: "label", title: String(c) } : (wrap || []).includes(i) ? { class: "wrap" } : {};
+        tr.appendChild(el("td", attrs, String(c)));
+      });
       t.appendChild(tr);
     });
     return t;
@@ -95,9 +99,10 @@
     const W = 1000, H = 220, L = 40, B = 28, T = 8;
     const bins = data.histogram;
     const maxN = Math.max(...bins.map((b) => b.n));
+    const lo = bins[0].lo;
     const hi = bins[bins.length - 1].hi;
     const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
-    const x = (v) => L + ((W - L - 8) * v) / hi;
+    const x = (v) => L + ((W - L - 8) * (v - lo)) / (hi - lo);
     const y = (n) => H - B - ((H - B - T) * n) / maxN;
     bins.forEach((b) => {
       svg.appendChild(
@@ -109,8 +114,8 @@
       );
     });
     svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: W - 8, y1: H - B, y2: H - B }));
-    const xs = step(hi, 10);
-    for (let v = 0; v <= hi + 1e-9; v += xs) {
+    const xs = step(hi - lo, 10);
+    for (let v = Math.ceil(lo / xs - 1e-9) * xs; v <= hi + 1e-9; v += xs) {
       const t = svgEl("text", { x: x(v), y: H - B + 16, "text-anchor": "middle" });
       t.textContent = fmt(v);
       svg.appendChild(t);
@@ -170,24 +175,27 @@
   if (data.slowest.length === 0) {
     slow.appendChild(el("p", { class: "muted" }, "No requests."));
   } else {
-    slow.appendChild(
+    const scroll = el("div", { class: "scroll" });
+    slow.appendChild(scroll);
+    scroll.appendChild(
       table(
-        ["request", "TTFT", "E2E", "tokens", "receive", "to first token", "stream", "longest gap", "stalls", "stall time", "causes", "CPU samples", "aborted"],
+        ["request", "TTFT", "E2E", "tokens", "late-token causes", "longest gap", "slow gaps", "slow gap time", "receive", "to first token", "stream", "CPU samples", "aborted"],
         data.slowest.map((b) => [
           b.label,
           fmt(b.ttft_ms, "ms"),
           fmt(b.e2e_ms, "ms"),
           b.chunks,
+          b.causes || "–",
+          b.longest_gap_ms === null ? "–" : `${fmt(b.longest_gap_ms, "ms")} (before #${b.longest_gap_at})`,
+          b.slow_gaps,
+          fmt(b.slow_gap_ms, "ms"),
           fmt(b.receive_ms, "ms"),
           fmt(b.wait_ms, "ms"),
           fmt(b.stream_ms, "ms"),
-          b.longest_gap_ms === null ? "–" : `${fmt(b.longest_gap_ms, "ms")} (before #${b.longest_gap_at})`,
-          b.stalls,
-          fmt(b.stall_ms, "ms"),
-          b.causes || "–",
           b.cpu_samples === null ? "–" : b.cpu_samples,
           b.abort_reason || "",
-        ])
+        ]),
+        [4]
       )
     );
   }
