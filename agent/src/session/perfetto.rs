@@ -334,7 +334,50 @@ pub fn render(recording: &Recording) -> anyhow::Result<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::session::core::tests::recording;
+    use crate::event::{CudaSyncCall, CudaSyncEvent, Event, LlmProbe, UsdtEvent};
+    use crate::session::core::tests::{meta, recording};
+    use crate::session::core::SessionCore;
+
+    #[test]
+    fn thread_tracks_show_cuda_syncs_and_usdt_marks() {
+        let mut core = SessionCore::new(&meta());
+        core.push(&Event::CudaSync(CudaSyncEvent {
+            pid: 42,
+            tid: 45,
+            ts_enter: 1_100_000_000,
+            ts_exit: 1_130_000_000,
+            call: CudaSyncCall::StreamSynchronize,
+            handle: 7,
+            kernel_launches: 3,
+            graph_launches: 0,
+            memcpy_bytes: 0,
+        }));
+        core.push(&Event::Usdt(UsdtEvent {
+            pid: 42,
+            tid: 45,
+            ts: 1_131_000_000,
+            probe: LlmProbe::Token,
+            request_id: "chatcmpl-9".into(),
+            args: [0, 0, 0],
+        }));
+        let rec = core.finish(2_000_000_000, meta(), None, 0);
+        let trace: Value = serde_json::from_slice(&render(&rec).expect("render")).expect("json");
+        let events = trace["traceEvents"].as_array().expect("events");
+        let sync = events
+            .iter()
+            .find(|e| e["cat"] == "cuda")
+            .expect("a CUDA slice");
+        assert_eq!(sync["name"], "cudaStreamSynchronize");
+        assert_eq!(sync["tid"], 45);
+        assert_eq!(sync["dur"], 30_000.0);
+        assert_eq!(sync["args"]["launches_since_last_sync"], 3);
+        let mark = events
+            .iter()
+            .find(|e| e["cat"] == "usdt")
+            .expect("a USDT instant");
+        assert_eq!(mark["name"], "llm:token");
+        assert_eq!(mark["args"]["request_id"], "chatcmpl-9");
+    }
 
     #[test]
     fn one_track_per_request_with_one_instant_per_token() {
