@@ -56,9 +56,10 @@ pub struct ExplainConfig {
     /// cause breakdown in the timeline's `stalls`.
     #[serde(with = "humantime_serde")]
     pub stall_threshold: Duration,
-    /// Off-CPU intervals shorter than this are not recorded by the kernel.
+    /// Off-CPU intervals and send-queue holds shorter than this are not
+    /// recorded by the kernel.
     #[serde(with = "humantime_serde")]
-    pub offcpu_min: Duration,
+    pub min_interval: Duration,
     /// How long inference events (USDT, CUDA syncs, off-CPU) are kept for
     /// requests still streaming.
     #[serde(with = "humantime_serde")]
@@ -69,7 +70,7 @@ impl Default for ExplainConfig {
     fn default() -> Self {
         Self {
             stall_threshold: Duration::from_millis(30),
-            offcpu_min: Duration::from_millis(1),
+            min_interval: Duration::from_millis(1),
             history: Duration::from_secs(120),
         }
     }

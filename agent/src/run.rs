@@ -286,7 +286,8 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
             wakeup_bytes: config.capture.wakeup_bytes,
             ring_buffer_bytes: config.capture.ring_buffer_bytes,
             agent_pid,
-            offcpu_min_ns: u64::try_from(config.explain.offcpu_min.as_nanos()).unwrap_or(u64::MAX),
+            min_interval_ns: u64::try_from(config.explain.min_interval.as_nanos())
+                .unwrap_or(u64::MAX),
         },
         config.capture.poll_interval,
         events_tx,

@@ -85,7 +85,21 @@ pub struct Explainer {
     steps: VecDeque<BatchStep>,
     holds: VecDeque<Hold>,
     /// Egress writes that left bytes unsent, waiting for their release.
-    unsent_writes: HashMap<(u32, u64, MonoNs), bool>,
+    /// Per socket, the first write that left bytes unsent and whether
+    /// TCP_NODELAY was set, until its hold is released: the same one write
+    /// the kernel times (one per socket), so this stays bounded.
+    unsent_writes: HashMap<(u32, u64), (MonoNs, bool)>,
+}
+
+/// Most events of one kind kept, whatever their age: a server doing
+/// thousands of CUDA syncs a second must not make the history unbounded.
+const MAX_KEPT: usize = 100_000;
+
+fn push_bounded<T>(queue: &mut VecDeque<T>, item: T) {
+    if queue.len() >= MAX_KEPT {
+        queue.pop_front();
+    }
+    queue.push_back(item);
 }
 
 /// How an off-CPU interval is named in a breakdown.
@@ -136,17 +150,21 @@ impl Explainer {
                 if let (Direction::Egress, Some(tcp)) = (d.direction, d.tcp) {
                     if tcp.unsent_bytes > 0 {
                         self.unsent_writes
-                            .insert((d.conn.pid, d.conn.sock_ino, d.ts_enter), tcp.nodelay);
+                            .entry((d.conn.pid, d.conn.sock_ino))
+                            .or_insert((d.ts_enter, tcp.nodelay));
                     }
                 }
             }
             Event::Usdt(u) => {
                 if u.probe == LlmProbe::BatchStep {
-                    self.steps.push_back(BatchStep {
-                        pid: u.pid,
-                        ts: u.ts,
-                        batch_size: u.args[1],
-                    });
+                    push_bounded(
+                        &mut self.steps,
+                        BatchStep {
+                            pid: u.pid,
+                            ts: u.ts,
+                            batch_size: u.args[1],
+                        },
+                    );
                     return;
                 }
                 let marks = self.requests.entry(u.request_id.clone()).or_default();
@@ -165,41 +183,51 @@ impl Explainer {
                 };
                 slot.get_or_insert(u.ts);
             }
-            Event::CudaSync(c) => self.syncs.push_back(SyncWait {
-                span: Span {
-                    pid: c.pid,
-                    tid: c.tid,
-                    start: c.ts_enter,
-                    end: c.ts_exit,
+            Event::CudaSync(c) => push_bounded(
+                &mut self.syncs,
+                SyncWait {
+                    span: Span {
+                        pid: c.pid,
+                        tid: c.tid,
+                        start: c.ts_enter,
+                        end: c.ts_exit,
+                    },
+                    launches: c.kernel_launches + c.graph_launches,
                 },
-                launches: c.kernel_launches + c.graph_launches,
-            }),
-            Event::OffCpu(o) => self.off_cpu.push_back(OffCpu {
-                span: Span {
-                    pid: o.pid,
-                    tid: o.tid,
-                    start: o.start,
-                    end: o.end,
+            ),
+            Event::OffCpu(o) => push_bounded(
+                &mut self.off_cpu,
+                OffCpu {
+                    span: Span {
+                        pid: o.pid,
+                        tid: o.tid,
+                        start: o.start,
+                        end: o.end,
+                    },
+                    syscall: o.syscall,
+                    preempted: o.state == 0,
+                    in_cuda_sync: o.in_cuda_sync,
                 },
-                syscall: o.syscall,
-                preempted: o.state == 0,
-                in_cuda_sync: o.in_cuda_sync,
-            }),
+            ),
             Event::SendHold(h) => {
                 let nodelay = self
                     .unsent_writes
-                    .remove(&(h.pid, h.sock_ino, h.write_ts))
-                    .unwrap_or(true);
-                self.holds.push_back(Hold {
-                    pid: h.pid,
-                    sock_ino: h.sock_ino,
-                    write_ts: h.write_ts,
-                    release_ts: h.release_ts,
-                    nodelay,
-                });
+                    .remove(&(h.pid, h.sock_ino))
+                    .is_none_or(|(_, nodelay)| nodelay);
+                push_bounded(
+                    &mut self.holds,
+                    Hold {
+                        pid: h.pid,
+                        sock_ino: h.sock_ino,
+                        write_ts: h.write_ts,
+                        release_ts: h.release_ts,
+                        nodelay,
+                    },
+                );
             }
             Event::Close(c) => {
                 self.conn_threads.remove(&c.conn);
+                self.unsent_writes.remove(&(c.conn.pid, c.conn.sock_ino));
             }
             _ => {}
         }
@@ -222,7 +250,7 @@ impl Explainer {
         }
         self.requests.retain(|_, m| m.last_ts >= cutoff);
         self.conn_threads.retain(|_, (_, last)| *last >= cutoff);
-        self.unsent_writes.retain(|&(_, _, ts), _| ts >= cutoff);
+        self.unsent_writes.retain(|_, (ts, _)| *ts >= cutoff);
     }
 
     /// Cause breakdowns of the chunks of `t` that were late.

@@ -211,7 +211,7 @@ fn run_thread(
     };
     let infer = match InferProbes::load(
         &sock,
-        settings.offcpu_min_ns,
+        settings.min_interval_ns,
         settings.wakeup_bytes,
         settings.agent_pid,
     ) {

@@ -23,8 +23,8 @@ pub struct ProbeSettings {
     pub ring_buffer_bytes: u32,
     /// The agent's own pid, never traced.
     pub agent_pid: u32,
-    /// Shortest off-CPU interval reported by the inference probes.
-    pub offcpu_min_ns: u64,
+    /// Shortest off-CPU interval or send-queue hold the probes report.
+    pub min_interval_ns: u64,
 }
 
 /// Loaded and attached socket probes. Dropping it detaches every program.
@@ -54,6 +54,7 @@ impl SockProbes {
         rodata.capture_bytes = settings.capture_bytes.min(MAX_CAPTURE_BYTES);
         rodata.wakeup_bytes = settings.wakeup_bytes;
         rodata.agent_tgid = settings.agent_pid;
+        rodata.hold_min_ns = settings.min_interval_ns;
 
         let cpus = libbpf_rs::num_possible_cpus().context("counting possible CPUs")?;
         let cpus = u32::try_from(cpus).context("CPU count does not fit u32")?;

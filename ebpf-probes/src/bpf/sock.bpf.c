@@ -22,6 +22,9 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* Set by the agent before load. */
 const volatile __u32 capture_bytes = 8192;
+/* Send-queue holds shorter than this are not reported (ACK clocking holds
+ * bytes for microseconds all the time under load). */
+const volatile __u64 hold_min_ns = 1000000;
 
 /* Data records skipped because the per-CPU staging slot was missing. */
 __u64 scratch_misses = 0;
@@ -746,6 +749,8 @@ int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 		return 0;
 	struct nagle_hold h = *hold;
 	bpf_map_delete_elem(&nagle_holds, &key);
+	if (bpf_ktime_get_ns() - h.write_ts < hold_min_ns)
+		return 0;
 	struct tt_nagle_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
