@@ -1,10 +1,37 @@
 //! The default output: one readable line per request.
 
 use super::{ms, percentile};
+use crate::explain::Stall;
 use crate::stitch::RequestTimeline;
 
 fn fmt_ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".to_string(), |ns| format!("{:.1}ms", ms(ns)))
+}
+
+/// The largest share of a stall, named as in the JSON fields.
+fn main_cause(stall: &Stall) -> String {
+    let off_cpu = match &stall.off_cpu_reason {
+        Some(reason) => format!("off_cpu: {reason}"),
+        None => "off_cpu".to_string(),
+    };
+    let socket = if stall.nagle {
+        "socket: nagle"
+    } else {
+        "socket"
+    }
+    .to_string();
+    [
+        (stall.queue_ms, "queue".to_string()),
+        (stall.prefill_ms, "prefill".to_string()),
+        (stall.gpu_sync_ms, "gpu_sync".to_string()),
+        (stall.off_cpu_ms, off_cpu),
+        (stall.socket_ms, socket),
+        (stall.unexplained_ms, "unexplained".to_string()),
+    ]
+    .into_iter()
+    .max_by(|a, b| a.0.total_cmp(&b.0))
+    .map(|(_, name)| name)
+    .unwrap_or_default()
 }
 
 /// `python3[4242] POST /v1/chat/completions 200 sse ttft=52.1ms itl p50=20.1ms p95=21.3ms max=25.0ms chunks=33 e2e=712.3ms id=chatcmpl-1`
@@ -36,6 +63,15 @@ pub fn text_line(t: &RequestTimeline) -> String {
     if let Some(id) = &t.response_id {
         line.push_str(&format!(" id={id}"));
     }
+    if let Some(worst) = t.stalls.iter().max_by(|a, b| a.gap_ms.total_cmp(&b.gap_ms)) {
+        line.push_str(&format!(
+            " stalls={} worst=chunk {} {:.1}ms ({})",
+            t.stalls.len(),
+            worst.chunk,
+            worst.gap_ms.max(worst.socket_ms),
+            main_cause(worst)
+        ));
+    }
     if t.aborted {
         let reason = t
             .abort_reason
@@ -45,4 +81,69 @@ pub fn text_line(t: &RequestTimeline) -> String {
         line.push_str(&format!(" ABORTED({reason})"));
     }
     line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::event::ConnId;
+    use crate::stitch::BodyKind;
+
+    #[test]
+    fn line_names_the_worst_stall_and_its_main_cause() {
+        let stall = |chunk, gap_ms, gpu_sync_ms, off_cpu_ms| Stall {
+            chunk,
+            start_ms: 0.0,
+            gap_ms,
+            queue_ms: 0.0,
+            prefill_ms: 0.0,
+            gpu_sync_ms,
+            off_cpu_ms,
+            off_cpu_reason: Some("sleep".into()),
+            socket_ms: 0.0,
+            nagle: false,
+            unexplained_ms: 0.0,
+            batch_fan_in: None,
+            gpu_launches: 0,
+        };
+        let t = RequestTimeline {
+            conn: ConnId {
+                pid: 7,
+                fd: 3,
+                sock_ino: 1,
+            },
+            comm: "python3".into(),
+            addrs: None,
+            method: "POST".into(),
+            path: "/v1/chat/completions".into(),
+            traceparent: None,
+            tracestate: None,
+            model: None,
+            request_start: 0,
+            request_end: 0,
+            request_bytes: 0,
+            status: Some(200),
+            content_type: None,
+            body_kind: Some(BodyKind::Sse),
+            response_start: None,
+            first_body_byte: Some(10_000_000),
+            chunk_ts: vec![10_000_000, 65_000_000, 110_000_000],
+            end: 110_000_000,
+            response_bytes: 0,
+            done_seen: true,
+            aborted: false,
+            abort_reason: None,
+            response_id: Some("chatcmpl-9".into()),
+            usage: None,
+            truncated_writes: 0,
+            tls: false,
+            stalls: vec![stall(1, 55.0, 50.0, 5.0), stall(2, 45.0, 0.0, 40.0)],
+        };
+        let line = text_line(&t);
+        assert!(
+            line.ends_with("id=chatcmpl-9 stalls=2 worst=chunk 1 55.0ms (gpu_sync)"),
+            "{line}"
+        );
+        assert!(line.contains("chunks=3"), "{line}");
+    }
 }
