@@ -105,6 +105,18 @@ impl Probed<'_> {
                     Err(err) => tracing::warn!("{err:#}"),
                 }
                 self.scan_libraries(pid);
+                // The kernel adds what a traced process forks from now on;
+                // what it forked before its exec or listen event reached us
+                // (nginx's master forks its workers within milliseconds of
+                // exec) is only found in /proc, now that later forks are
+                // covered.
+                for child in crate::discover::procfs::descendants(Path::new(PROC), pid) {
+                    match self.ingest.traced_pids.insert(child) {
+                        Ok(()) => tracing::info!("tracing pid {child}, forked by {pid}"),
+                        Err(err) => tracing::warn!("{err:#}"),
+                    }
+                    self.scan_libraries(child);
+                }
             }
             Change::Untrace(pid) => {
                 self.ingest.traced_pids.remove(pid);

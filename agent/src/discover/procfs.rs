@@ -56,6 +56,39 @@ pub fn all_pids(proc_root: &Path) -> Vec<u32> {
     pids
 }
 
+/// Parent pid from the text of `/proc/PID/stat` (the field after the state,
+/// which follows the parenthesised comm; the comm may contain ") ").
+pub fn parse_ppid(stat: &str) -> Option<u32> {
+    let (_, rest) = stat.rsplit_once(')')?;
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Every live descendant of `pid` (children, their children, …), in
+/// breadth-first order. Processes that exit meanwhile are skipped.
+pub fn descendants(proc_root: &Path, pid: u32) -> Vec<u32> {
+    let mut children: HashMap<u32, Vec<u32>> = HashMap::new();
+    for p in all_pids(proc_root) {
+        let ppid = fs::read_to_string(proc_root.join(p.to_string()).join("stat"))
+            .ok()
+            .and_then(|stat| parse_ppid(&stat));
+        if let Some(ppid) = ppid {
+            children.entry(ppid).or_default().push(p);
+        }
+    }
+    let mut out = Vec::new();
+    let mut seen = HashSet::from([pid]);
+    let mut queue = std::collections::VecDeque::from([pid]);
+    while let Some(parent) = queue.pop_front() {
+        for &child in children.get(&parent).map(Vec::as_slice).unwrap_or(&[]) {
+            if seen.insert(child) {
+                out.push(child);
+                queue.push_back(child);
+            }
+        }
+    }
+    out
+}
+
 /// Parses `/proc/net/tcp` or `tcp6` text: inode → port of LISTEN sockets.
 pub fn parse_listening(table: &str) -> HashMap<u64, u16> {
     const TCP_LISTEN: &str = "0A";
@@ -145,6 +178,51 @@ mod tests {
         let table = parse_listening(TCP);
         assert_eq!(table.len(), 1);
         assert_eq!(table.get(&15455), Some(&8000));
+    }
+
+    #[test]
+    fn parent_pid_after_a_comm_with_parentheses() {
+        assert_eq!(
+            parse_ppid("4242 (nginx: a) b) S 4240 4242 4242 0 -1"),
+            Some(4240)
+        );
+        assert_eq!(parse_ppid("garbage"), None);
+    }
+
+    #[test]
+    fn finds_a_child_and_a_grandchild() {
+        let mut child = std::process::Command::new("sh")
+            .args(["-c", "sleep 30 & wait"])
+            .spawn()
+            .expect("spawn sh");
+        let me = std::process::id();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (found, grandchildren) = loop {
+            let d = descendants(Path::new("/proc"), me);
+            let grandchildren = descendants(Path::new("/proc"), child.id());
+            if d.contains(&child.id())
+                && !grandchildren.is_empty()
+                && grandchildren.iter().all(|g| d.contains(g))
+            {
+                break (true, grandchildren);
+            }
+            if std::time::Instant::now() >= deadline {
+                break (false, grandchildren);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        for g in &grandchildren {
+            let _ = std::process::Command::new("kill")
+                .arg(g.to_string())
+                .status();
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            found,
+            "sh (pid {}) and its sleep not both found",
+            child.id()
+        );
     }
 
     #[test]

@@ -325,15 +325,24 @@ int enter_readv(struct trace_event_raw_sys_enter *ctx)
 	return enter_io(ARG(0), ARG(1), ARG(2), TT_IO_READV, TT_DIR_INGRESS);
 }
 
+/* MSG_PEEK (uapi linux/socket.h; macros are not in vmlinux.h): the bytes
+ * stay queued and the next read returns them again, so a peek is not data
+ * (nginx peeks 1 byte of every connection on an `ssl` listener). */
+#define TT_MSG_PEEK 0x2
+
 SEC("tracepoint/syscalls/sys_enter_recvfrom")
 int enter_recvfrom(struct trace_event_raw_sys_enter *ctx)
 {
+	if (ARG(3) & TT_MSG_PEEK)
+		return 0;
 	return enter_io(ARG(0), ARG(1), 0, TT_IO_RECVFROM, TT_DIR_INGRESS);
 }
 
 SEC("tracepoint/syscalls/sys_enter_recvmsg")
 int enter_recvmsg(struct trace_event_raw_sys_enter *ctx)
 {
+	if (ARG(2) & TT_MSG_PEEK)
+		return 0;
 	return enter_msg(ARG(0), ARG(1), TT_IO_RECVMSG, TT_DIR_INGRESS);
 }
 
@@ -627,17 +636,21 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	if (!cp)
 		return 0;
 	struct ssl_call c = *cp;
+	/* Every probed call returns an int: only eax is defined. -1 (SSL_read
+	 * or SSL_write wanting I/O on a non-blocking socket, as nginx's do)
+	 * comes back as rax = 0xffffffff, which as a long is a 4 GiB read. */
+	int rc = (int)ret;
 	bpf_map_delete_elem(&ssl_calls, &pid_tgid);
 	if (c.call == TT_IO_SSL_HANDSHAKE)
 		return 0;
 	if (c.out_len) {
 		/* _ex: 1 on success, the byte count in *out_len. */
-		if (ret != 1 || bpf_probe_read_user(&len, sizeof(len), (void *)c.out_len))
+		if (rc != 1 || bpf_probe_read_user(&len, sizeof(len), (void *)c.out_len))
 			return 0;
 	} else {
-		if (ret <= 0)
+		if (rc <= 0)
 			return 0;
-		len = ret;
+		len = rc;
 	}
 	if (len == 0)
 		return 0;
