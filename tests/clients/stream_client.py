@@ -5,11 +5,12 @@ raw sockets: no http libraries, so every byte and every recv is ours).
   python3 tests/clients/stream_client.py --port P --path /v1/chat/completions \
       --requests N --concurrency C [--stream | --no-stream] [--tokens T] \
       [--token-delay-ms D] [--ttft-ms F] [--crash-after K] [--host 127.0.0.1] \
-      [--sse-impl starlette|sse-starlette] [--rid-prefix X] [--timeout S]
+      [--sse-impl starlette|sse-starlette] [--rid-prefix X] [--timeout S] [--tls]
 
 C worker threads, each with ONE keep-alive connection reused for its share of
 the N requests (request i goes to worker i % C). Workers connect first and
-start together (barrier). Request target = PATH?rid=<prefix><worker>-<seq>, so
+start together (barrier); with --tls each connects and finishes its TLS
+handshake before the barrier. Request target = PATH?rid=<prefix><worker>-<seq>, so
 every request has a unique path the agent reports back.
 
 Times are time.monotonic_ns() (CLOCK_MONOTONIC, the clock of the kernel's
@@ -30,9 +31,16 @@ One JSON line per request on stdout:
    "ttft_ns", "e2e_ns", "aborted", "error",
    # extras:
    "worker", "seq", "body_kind", "content_type", "done_seen",
-   "t_first_byte_ns", "server_write_ns", "traceparent", "t_send_unix_ns"}
+   "t_first_byte_ns", "server_write_ns", "traceparent", "t_send_unix_ns",
+   "client_addr"}
 t_send_unix_ns is time.time_ns() (CLOCK_REALTIME) read right before t_send_ns:
 the client's own span starts there, as an OTel SDK would stamp it.
+--tls: HTTPS. The socket is wrapped with the stdlib ssl module (no
+certificate or host name checks: the test servers use a throw-away self-signed
+certificate); every time above is then the SSLSocket call's (t_send_ns before
+the sendall that encrypts, arrivals at the return of the recv that decrypted).
+Extra "client_addr": the connection's local "ip:port" (the peer address the
+server-side agent should report; null when not connected).
 --traceparent sends "traceparent: 00-<random trace id>-<random span id>-01"
 and "tracestate: tokentrace-test=1"; the record's "traceparent" holds it.
 Server-side ground truth from the test servers (CLOCK_MONOTONIC ns, null when
@@ -60,9 +68,20 @@ class Aborted(Exception):
     pass
 
 
+def tls_context():
+    # imported only for --tls: plaintext runs keep the process free of libssl
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 class Conn:
-    def __init__(self, host, port, timeout):
+    def __init__(self, host, port, timeout, tls_ctx=None):
         self.host, self.port, self.timeout = host, port, timeout
+        self.tls_ctx = tls_ctx
         self.sock = None
         self.pending = b""
         self.pending_t = None
@@ -72,6 +91,12 @@ class Conn:
         s = socket.create_connection((self.host, self.port), timeout=self.timeout)
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         s.settimeout(self.timeout)
+        if self.tls_ctx is not None:
+            try:
+                s = self.tls_ctx.wrap_socket(s, server_hostname=self.host)
+            except OSError:
+                s.close()
+                raise
         self.sock = s
         self.pending = b""
         self.pending_t = None
@@ -233,6 +258,7 @@ def do_request(conn, method, target, body, traceparent=None):
         "t_first_byte_ns": None,
         "server_write_ns": [],
         "server_req_ns": None,
+        "client_addr": None,
     }
     keep_alive = True
     try:
@@ -241,6 +267,11 @@ def do_request(conn, method, target, body, traceparent=None):
                 conn.connect()
             except OSError as e:
                 raise Aborted(f"connect: {e.__class__.__name__}: {e}")
+        try:
+            ip, port = conn.sock.getsockname()[:2]
+            rec["client_addr"] = f"{ip}:{port}"
+        except OSError:
+            pass
         req = build_request(method, target, conn.host, conn.port, body, traceparent)
         rec["t_send_unix_ns"] = time.time_ns()
         rec["t_send_ns"] = mono()
@@ -441,6 +472,8 @@ def main():
     ap.add_argument("--timeout", type=float, default=30.0, help="per-recv timeout, seconds")
     ap.add_argument("--traceparent", action="store_true",
                     help="send a fresh sampled W3C traceparent (and a tracestate) with every request")
+    ap.add_argument("--tls", action="store_true",
+                    help="HTTPS (stdlib ssl, certificate and host name not checked)")
     args = ap.parse_args()
     # Arrival stamps are taken after recv() returns, which needs the GIL:
     # a short switch interval keeps one worker's parsing from delaying
@@ -471,9 +504,10 @@ def main():
     out_lock = threading.Lock()
     barrier = threading.Barrier(conc)
     sep = "&" if "?" in args.path else "?"
+    tls_ctx = tls_context() if args.tls else None
 
     def worker(w):
-        conn = Conn(args.host, args.port, args.timeout)
+        conn = Conn(args.host, args.port, args.timeout, tls_ctx)
         try:
             conn.connect()
         except OSError:

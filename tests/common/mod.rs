@@ -91,6 +91,24 @@ pub struct Proc {
 }
 
 impl Proc {
+    /// Spawns `cmd` (stdin null, stdout discarded, stderr kept in the
+    /// tail) as a guarded child.
+    pub fn spawn(name: &str, cmd: &mut Command) -> Proc {
+        let mut child = cmd
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stderr = pump_stderr(name, &mut child);
+        Proc {
+            name: name.to_string(),
+            child,
+            stderr,
+            exited: None,
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -597,6 +615,11 @@ pub struct ClientRecord {
     pub seq: Option<u64>,
     /// Concurrency of the client run this request belonged to.
     pub concurrency: u32,
+    /// The client spoke TLS to the server (`ClientRun::tls`); the agent's
+    /// record must say the same.
+    pub tls: bool,
+    /// The client's end of the connection, "ip:port" (the server's peer).
+    pub client_addr: Option<String>,
     pub raw: Value,
 }
 
@@ -628,6 +651,8 @@ impl ClientRecord {
             body_kind: str_field(&v, "body_kind"),
             seq: v.get("seq").and_then(Value::as_u64),
             concurrency: 1,
+            tls: false,
+            client_addr: str_field(&v, "client_addr"),
             raw: v,
         }
     }
@@ -649,6 +674,8 @@ pub struct ClientRun {
     /// Send a fresh sampled W3C `traceparent` with every request (the
     /// client reports it in its record).
     pub traceparent: bool,
+    /// HTTPS (`--tls`: stdlib ssl, no certificate checks).
+    pub tls: bool,
 }
 
 impl ClientRun {
@@ -665,6 +692,7 @@ impl ClientRun {
             sse_impl: None,
             rid_prefix: prefix.to_string(),
             traceparent: false,
+            tls: false,
         }
     }
 }
@@ -693,6 +721,9 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
     }
     if run.traceparent {
         cmd.arg("--traceparent");
+    }
+    if run.tls {
+        cmd.arg("--tls");
     }
     if let Some(s) = run.sse_impl {
         cmd.args(["--sse-impl", s]);
@@ -736,6 +767,7 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
                     .unwrap_or_else(|e| panic!("client printed a bad JSON line {l:?}: {e}")),
             );
             r.concurrency = run.concurrency;
+            r.tls = run.tls;
             r
         })
         .collect();
@@ -996,8 +1028,8 @@ pub fn by_path(agent: &[Value]) -> BTreeMap<String, Vec<Value>> {
 
 /// Compares every client request with the agent's record of it: exactly one
 /// agent record per client path, no agent record for a path the client did
-/// not send, equal chunk counts and response ids, TTFT and per-chunk times
-/// within `tol`.
+/// not send, equal chunk counts and response ids, `tls` as the client spoke
+/// (`ClientRecord::tls`), TTFT and per-chunk times within `tol`.
 pub fn compare(
     client: &[ClientRecord],
     agent: &[Value],
@@ -1083,10 +1115,16 @@ pub fn compare(
                 a.get("abort_reason")
             )));
         }
-        if a.get("tls").and_then(Value::as_bool) != Some(false) {
+        if a.get("tls").and_then(Value::as_bool) != Some(c.tls) {
             f.push(ctx(format!(
-                "tls {:?}, expected false (plaintext)",
-                a.get("tls")
+                "tls {:?}, expected {} ({})",
+                a.get("tls"),
+                c.tls,
+                if c.tls {
+                    "the client spoke TLS"
+                } else {
+                    "plaintext"
+                }
             )));
         }
         let a_chunks = a.get("chunks").and_then(Value::as_u64);

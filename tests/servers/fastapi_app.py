@@ -2,8 +2,12 @@
 """FastAPI + uvicorn test server speaking a small OpenAI-compatible API.
 
 Run:  python3 tests/servers/fastapi_app.py --port P [--host 127.0.0.1]
+                                           [--ssl-keyfile K --ssl-certfile C]
       (--port 0 picks a free port). Prints ``READY <port>`` on stdout,
       flushed, once the socket is listening. Writes nothing to disk.
+      With --ssl-keyfile/--ssl-certfile uvicorn serves HTTPS (asyncio's SSL
+      transport: OpenSSL on memory BIOs, the socket I/O done separately by
+      the event loop).
 
 Endpoints
 ---------
@@ -238,7 +242,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    ap.add_argument("--ssl-keyfile", default=None, help="PEM key: serve HTTPS")
+    ap.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS")
     args = ap.parse_args()
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        ap.error("--ssl-keyfile and --ssl-certfile go together")
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -247,6 +255,8 @@ def main():
         access_log=False,
         lifespan="off",
         timeout_keep_alive=60,
+        ssl_keyfile=args.ssl_keyfile,
+        ssl_certfile=args.ssl_certfile,
     )
     _Server(config).run()
 

@@ -3,6 +3,8 @@
 
 Run:  python3 tests/servers/stdlib_sse.py --port P [--host 127.0.0.1]
                                           [--realistic] [--nagle]
+                                          [--ssl-certfile C --ssl-keyfile K
+                                           [--late-tls]]
       (--port 0 picks a free port). Prints ``READY <port>`` on stdout,
       flushed, once listening. Writes nothing to disk.
 
@@ -37,7 +39,26 @@ token latency 15-45 ms with jitter (occasional longer stall), model name
 
 TCP_NODELAY is set on accepted sockets (as asyncio servers do) unless
 --nagle is given; with Nagle on, the 3-write framing can be held back.
+
+TLS (stdlib ssl, blocking sockets: OpenSSL does the socket I/O itself, inside
+SSL_read/SSL_write, on the handler's thread):
+  --ssl-certfile C --ssl-keyfile K: serve HTTPS on --port. The handshake is
+      done by the connection's handler thread.
+  ... --late-tls: serve plain HTTP on --port with the ssl module NOT imported
+      (libssl is not mapped; http.server would import it through http.client,
+      so it is blocked until needed). ``GET /enable-tls`` then imports ssl,
+      starts an HTTPS server (same endpoints) on a free port of the same host
+      and answers {"tls_port": N} (the same port on later calls). For tests of
+      a process that loads OpenSSL after the agent started.
 """
+
+import sys
+
+# --late-tls: http.server -> http.client imports ssl at module load, which maps
+# libssl. Make `import ssl` fail until GET /enable-tls lifts the block.
+LATE_TLS = "--late-tls" in sys.argv[1:]
+if LATE_TLS:
+    sys.modules["ssl"] = None
 
 import argparse
 import json
@@ -45,7 +66,6 @@ import os
 import random
 import signal
 import socket
-import sys
 import threading
 import time
 import uuid
@@ -84,7 +104,8 @@ def _split_tokens(text):
 
 DEMO_TOKENS = _split_tokens(DEMO_TEXT)
 
-CONFIG = {"realistic": False, "nodelay": True}
+CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None}
+TLS_STATE = {"lock": threading.Lock(), "port": None}
 
 
 def _new_id():
@@ -104,6 +125,10 @@ class Handler(BaseHTTPRequestHandler):
                 self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+        if hasattr(self.connection, "do_handshake"):
+            # TLS: accepted without handshake (see TlsServer), done here, off
+            # the accepting thread
+            self.connection.do_handshake()
 
     def log_message(self, format, *args):  # noqa: A002 - keep quiet
         pass
@@ -201,6 +226,8 @@ class Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/health":
             self._send_json({"status": "ok"})
+        elif path == "/enable-tls" and LATE_TLS:
+            self._send_json({"tls_port": enable_tls()})
         else:
             self._send_json({"error": "not found"}, status=404)
 
@@ -302,16 +329,70 @@ class Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
+class TlsServer(Server):
+    """Server whose accepted sockets are TLS; the handshake is left to the
+    handler thread (Handler.setup)."""
+
+    ssl_context = None
+
+    def get_request(self):
+        sock, addr = self.socket.accept()
+        return (
+            self.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False),
+            addr,
+        )
+
+
+def tls_server(address):
+    if LATE_TLS:
+        sys.modules.pop("ssl", None)  # lift the block set at the top
+    import ssl
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(CONFIG["certfile"], CONFIG["keyfile"])
+    srv = TlsServer(address, Handler)
+    srv.ssl_context = ctx
+    return srv
+
+
+def enable_tls():
+    """--late-tls: imports ssl, starts the HTTPS server once; returns its port."""
+    with TLS_STATE["lock"]:
+        if TLS_STATE["port"] is None:
+            srv = tls_server((CONFIG["host"], 0))
+            threading.Thread(
+                target=srv.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True
+            ).start()
+            TLS_STATE["port"] = srv.server_address[1]
+        return TLS_STATE["port"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000, help="0 picks a free port")
     ap.add_argument("--realistic", action="store_true", help="demo pacing and text")
     ap.add_argument("--nagle", action="store_true", help="do not set TCP_NODELAY")
+    ap.add_argument("--ssl-certfile", default=None, help="PEM certificate: serve HTTPS")
+    ap.add_argument("--ssl-keyfile", default=None, help="PEM key: serve HTTPS")
+    ap.add_argument(
+        "--late-tls",
+        action="store_true",
+        help="plain HTTP on --port, ssl not imported until GET /enable-tls starts HTTPS on another port",
+    )
     args = ap.parse_args()
+    if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
+        ap.error("--ssl-keyfile and --ssl-certfile go together")
+    if args.late_tls and args.ssl_certfile is None:
+        ap.error("--late-tls needs --ssl-certfile and --ssl-keyfile")
     CONFIG["realistic"] = args.realistic
     CONFIG["nodelay"] = not args.nagle
-    srv = Server((args.host, args.port), Handler)
+    CONFIG["certfile"], CONFIG["keyfile"] = args.ssl_certfile, args.ssl_keyfile
+    CONFIG["host"] = args.host
+    if args.ssl_certfile is not None and not args.late_tls:
+        srv = tls_server((args.host, args.port))
+    else:
+        srv = Server((args.host, args.port), Handler)
     print(f"READY {srv.server_address[1]}", flush=True)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=srv.shutdown).start())
     try:

@@ -7,7 +7,9 @@ use crate::util::{self, succeeds};
 /// Debian packages: clang builds the BPF programs, libelf/zlib link libbpf,
 /// bpftool regenerates vmlinux.h, linux-libc-dev has the uapi headers, gcc
 /// and systemtap-sdt-dev (<sys/sdt.h>) build the USDT library and the
-/// stand-in CUDA libraries (`cargo xtask native`).
+/// stand-in CUDA libraries (`cargo xtask native`); the openssl CLI makes the
+/// throw-away self-signed certificates of the TLS tests and of the TLS
+/// section of `cargo xtask bench`.
 const APT_PACKAGES: &[&str] = &[
     "clang",
     "llvm",
@@ -19,6 +21,7 @@ const APT_PACKAGES: &[&str] = &[
     "linux-libc-dev",
     "gcc",
     "systemtap-sdt-dev",
+    "openssl",
 ];
 
 /// Python packages of the test servers, and rotel: the OpenTelemetry
@@ -40,8 +43,9 @@ const DEPLOY_PIP_PACKAGES: &[&str] = &[
 const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
 
 /// Debian packages only the tests need: Chromium renders the session
-/// report headless (tests/session_record.rs).
-const TEST_APT_PACKAGES: &[&str] = &["chromium"];
+/// report headless (tests/session_record.rs); nginx terminates TLS in front
+/// of a plaintext streaming server (tests/ebpf_tls.rs).
+const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
