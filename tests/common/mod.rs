@@ -1363,3 +1363,259 @@ pub fn scenario_with(
     report.assert_ok(title);
     report
 }
+
+// ----------------------------------------------------- inference server
+
+/// The directory `cargo xtask native` built into (`<target>/native`): next
+/// to the directory of the agent binary under test (so a worktree or a
+/// `CARGO_TARGET_DIR` elsewhere works), else `<repo>/target/native`. Panics
+/// with what to run when the stand-in CUDA libraries or the USDT provider
+/// are missing.
+pub fn native_dir() -> PathBuf {
+    const NEEDED: [&str; 3] = ["libcudart.so.12", "libcuda.so.1", "libllm_usdt.so"];
+    let mut candidates: Vec<PathBuf> = Vec::new();
+    if let Some(target) = agent_bin().parent().and_then(|p| p.parent()) {
+        candidates.push(target.join("native"));
+    }
+    candidates.push(repo_root().join("target/native"));
+    for dir in &candidates {
+        if NEEDED.iter().all(|f| dir.join(f).is_file()) {
+            return dir.clone();
+        }
+    }
+    panic!(
+        "the native test artifacts ({}) are missing from {}: build them with `cargo xtask native` \
+         (`cargo xtask test` does it before the tests)",
+        NEEDED.join(", "),
+        candidates
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and ")
+    );
+}
+
+/// Direct children of `pid` (`/proc/<pid>/task/*/children`).
+pub fn child_pids(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return out;
+    };
+    for t in tasks.flatten() {
+        let text = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+        out.extend(
+            text.split_whitespace()
+                .filter_map(|c| c.parse::<u32>().ok()),
+        );
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// tests/servers/infer_server.py: an HTTP frontend and its engine child
+/// (the stand-in GPU, `llm:*` USDT probes). Dropping it SIGKILLs the
+/// frontend; the engine exits when its socket to the frontend closes.
+pub struct InferServer {
+    pub proc: Proc,
+    pub port: u16,
+    pub engine_pid: u32,
+}
+
+impl InferServer {
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
+    /// Frontend and engine.
+    pub fn pids(&self) -> [u32; 2] {
+        [self.pid(), self.engine_pid]
+    }
+}
+
+/// Starts tests/servers/infer_server.py on a free port with the native
+/// artifacts of [`native_dir`], waits (30 s) for `READY <port>` (printed
+/// once the engine is up) and finds the engine process among its children.
+pub fn start_infer_server() -> InferServer {
+    const SCRIPT: &str = "tests/servers/infer_server.py";
+    let native = native_dir();
+    let path = repo_root().join(SCRIPT);
+    let mut child = Command::new(python())
+        .arg("-u")
+        .arg(&path)
+        .args(["--host", "127.0.0.1", "--port", "0"])
+        .arg("--native-dir")
+        .arg(&native)
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {} {}: {e}", python(), path.display()));
+    let stderr = pump_stderr(SCRIPT, &mut child);
+    let out = child.stdout.take().expect("server stdout is piped");
+    let (tx, rx) = mpsc::channel::<String>();
+    thread::spawn(move || {
+        for line in BufReader::new(out).lines() {
+            let Ok(l) = line else { break };
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut proc = Proc {
+        name: SCRIPT.to_string(),
+        child,
+        stderr,
+        exited: None,
+    };
+    let port = match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(line) => line
+            .strip_prefix("READY ")
+            .and_then(|p| p.trim().parse::<u16>().ok())
+            .unwrap_or_else(|| panic!("{SCRIPT}: expected `READY <port>`, got {line:?}")),
+        Err(e) => {
+            let st = proc.wait_timeout(Duration::from_secs(2));
+            panic!(
+                "{SCRIPT} printed no READY line ({e:?}, exit {st:?}); stderr:\n{}",
+                proc.stderr.tail(40)
+            );
+        }
+    };
+    // READY comes after the engine's hello: the child exists by now.
+    let engines: Vec<u32> = child_pids(proc.pid())
+        .into_iter()
+        .filter(|c| {
+            std::fs::read(format!("/proc/{c}/cmdline"))
+                .map(|cmd| String::from_utf8_lossy(&cmd).contains("--engine-fd"))
+                .unwrap_or(false)
+        })
+        .collect();
+    let [engine_pid] = engines[..] else {
+        panic!(
+            "{SCRIPT} (pid {}): expected one engine child (--engine-fd), found {engines:?}; children {:?}",
+            proc.pid(),
+            child_pids(proc.pid())
+        );
+    };
+    eprintln!(
+        "[test] {SCRIPT} ready on port {port}: frontend pid {}, engine pid {engine_pid}, native dir {}",
+        proc.pid(),
+        native.display()
+    );
+    InferServer {
+        proc,
+        port,
+        engine_pid,
+    }
+}
+
+/// Runs tests/clients/explain_client.py with one `--request` per body (in
+/// order, each after the previous one's response headers plus
+/// `stagger_ms`) and returns its records, one per request.
+pub fn run_explain_client(port: u16, requests: &[Value], stagger_ms: f64) -> Vec<Value> {
+    let script = repo_root().join("tests/clients/explain_client.py");
+    let mut cmd = Command::new(python());
+    cmd.arg("-u")
+        .arg(&script)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--stagger-ms", &stagger_ms.to_string()]);
+    for r in requests {
+        cmd.arg("--request").arg(r.to_string());
+    }
+    let mut child = cmd
+        .current_dir(repo_root())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", script.display()));
+    let mut out = child.stdout.take().expect("client stdout is piped");
+    let reader = thread::spawn(move || {
+        let mut s = String::new();
+        let _ = out.read_to_string(&mut s);
+        s
+    });
+    let stderr = pump_stderr("explain_client.py", &mut child);
+    let mut proc = Proc {
+        name: "explain_client.py".into(),
+        child,
+        stderr,
+        exited: None,
+    };
+    let Some(st) = proc.wait_timeout(Duration::from_secs(120)) else {
+        panic!("explain_client.py did not finish within 120 s ({requests:?})");
+    };
+    let stdout = reader.join().unwrap_or_default();
+    assert!(
+        st.success(),
+        "explain_client.py failed ({st}); stderr:\n{}",
+        proc.stderr.tail(40)
+    );
+    let recs: Vec<Value> = stdout
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| {
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("explain_client.py printed a bad JSON line {l:?}: {e}"))
+        })
+        .collect();
+    assert_eq!(
+        recs.len(),
+        requests.len(),
+        "explain_client.py printed {} records for {} requests: {stdout}",
+        recs.len(),
+        requests.len()
+    );
+    recs
+}
+
+impl Agent {
+    /// Waits for the first record whose `response_id` is `id`.
+    pub fn wait_for_response_id(&mut self, id: &str, timeout: Duration) -> Option<AgentLine> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            if let Some(l) = self
+                .lines
+                .iter()
+                .find(|l| str_field(&l.v, "response_id").as_deref() == Some(id))
+            {
+                return Some(l.clone());
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            if self.proc.try_exit().is_some() {
+                thread::sleep(Duration::from_millis(200));
+                self.drain();
+                return self
+                    .lines
+                    .iter()
+                    .find(|l| str_field(&l.v, "response_id").as_deref() == Some(id))
+                    .cloned();
+            }
+            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                self.lines.push(l);
+            }
+        }
+    }
+
+    /// Waits until every one of `needles` occurs in some stderr line (the
+    /// agent's log); returns those still missing at the timeout.
+    pub fn wait_for_log(&mut self, needles: &[&str], timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let lines = self.proc.stderr.lines();
+            let missing: Vec<String> = needles
+                .iter()
+                .filter(|n| !lines.iter().any(|l| l.contains(**n)))
+                .map(|n| n.to_string())
+                .collect();
+            if missing.is_empty() || Instant::now() >= deadline || self.proc.try_exit().is_some() {
+                return missing;
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}

@@ -1,24 +1,47 @@
-//! `cargo xtask bench`: what the agent costs a streaming server.
+//! `cargo xtask bench`: what the agent costs a streaming server, and what
+//! its CUDA probes cost a launch-heavy process.
 //!
-//! One run alternates rounds without and with the agent attached to a
+//! SSE: one run alternates rounds without and with the agent attached to a
 //! server that writes SSE events as fast as it can (one send() each, far
 //! above 20k writes/s), and reports the ratio of events/s, the agent's CPU
-//! and peak RSS, and events it lost. Results go to target/bench/.
+//! and peak RSS, and events it lost.
+//!
+//! CUDA: rounds of target/native/launch_loop (`cargo xtask native`:
+//! zero-length kernels on the stand-in libcudart.so.12, a sync every 1000
+//! launches) alone, then traced by `tokentrace run --exe launch_loop`
+//! started first: the loop is found at exec, and it holds its first launch
+//! (`--gate`) until the agent has logged the libcudart.so.12 uprobes as
+//! attached, so every timed launch pays for them. Reports the ratio of
+//! launches/s and the cost each probe adds to a launch.
+//!
+//! `--only sse|cuda` runs one section. Results go to target/bench/.
 
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::sync::mpsc::{self, Receiver};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
 use crate::deps::{self, Scope};
+use crate::native;
 use crate::util::{self, free_port, start_server, Guard};
 
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
+const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
+                     [--launch-seconds S] [--only sse|cuda]";
+
+#[derive(Clone, Copy)]
 struct Options {
     rounds: u32,
     seconds: f64,
     connections: u32,
+    /// Length of each launch_loop run.
+    launch_seconds: f64,
+    sse: bool,
+    cuda: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -26,6 +49,9 @@ fn parse(args: &[String]) -> Result<Options> {
         rounds: 4,
         seconds: 3.0,
         connections: 2,
+        launch_seconds: 2.0,
+        sse: true,
+        cuda: true,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -34,10 +60,28 @@ fn parse(args: &[String]) -> Result<Options> {
             "--rounds" => opts.rounds = value.parse()?,
             "--seconds" => opts.seconds = value.parse()?,
             "--connections" => opts.connections = value.parse()?,
-            _ => bail!("usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C]"),
+            "--launch-seconds" => opts.launch_seconds = value.parse()?,
+            "--only" => match value.as_str() {
+                "sse" => opts.cuda = false,
+                "cuda" => opts.sse = false,
+                _ => bail!("{USAGE}"),
+            },
+            _ => bail!("{USAGE}"),
         }
     }
+    if opts.rounds == 0 || opts.launch_seconds.is_nan() || opts.launch_seconds < 1.0 {
+        bail!("--rounds must be >= 1 and --launch-seconds >= 1 (a launch_loop run long enough to time)");
+    }
     Ok(opts)
+}
+
+/// Where cargo puts builds: `$CARGO_TARGET_DIR` (relative to the workspace
+/// root when relative), else target/.
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => util::root().join(dir),
+        _ => util::root().join("target"),
+    }
 }
 
 fn client(port: u16, opts: &Options) -> Result<f64> {
@@ -135,7 +179,12 @@ fn traced_round(
     // Let the agent drain what the last requests produced before stopping it.
     std::thread::sleep(Duration::from_millis(300));
     let rss_kib = peak_rss_kib(agent_pid)?;
-    util::status("kill", &["-INT", &agent_pid.to_string()])?;
+    // SIGTERM, not SIGINT: the agent listens for SIGINT only while its run
+    // loop waits (tokio::signal::ctrl_c() made anew each turn), so under an
+    // event flood a SIGINT usually arrives while it handles a batch and is
+    // lost (the agent then runs on). Its SIGTERM listener lives for the
+    // whole run; both stop it the same way.
+    util::status("kill", &["-TERM", &agent_pid.to_string()])?;
     agent.0.wait()?;
     let summary: Vec<String> = rx
         .try_iter()
@@ -168,7 +217,23 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     util::ensure_tracefs()?;
     util::cargo(&["build", "--release", "-p", "tokentrace"])?;
-    let agent_bin = util::root().join("target/release/tokentrace");
+    let agent_bin = target_dir().join("release/tokentrace");
+    let mut report = String::new();
+    if opts.sse {
+        sse(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.cuda {
+        native::build()?;
+        cuda(&agent_bin, &opts, &mut report)?;
+    }
+    let dir = util::root().join("target/bench");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(dir.join("overhead.txt"), report)?;
+    Ok(())
+}
+
+fn sse(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
+    let opts = *opts;
     let port = free_port()?;
     let server = start_server(FLOOD, &["server", "--port", &port.to_string()])?;
     let server_pid = server.0.id();
@@ -182,10 +247,9 @@ pub fn run(args: &[String]) -> Result<()> {
         },
     )?;
     let (mut base, mut traced) = (Vec::new(), Vec::new());
-    let mut report = String::new();
     for round in 0..opts.rounds {
         let b = client(port, &opts)?;
-        let t = traced_round(&agent_bin, server_pid, port, &opts)?;
+        let t = traced_round(agent_bin, server_pid, port, &opts)?;
         let line = format!(
             "round {round}: without agent {:.0} events/s, with agent {:.0} events/s (ratio {:.3}); agent CPU {:.1}%, peak RSS {} KiB; {}\n",
             b,
@@ -219,8 +283,237 @@ pub fn run(args: &[String]) -> Result<()> {
     );
     print!("{result}");
     report.push_str(&result);
-    let dir = util::root().join("target/bench");
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(dir.join("overhead.txt"), report)?;
     Ok(())
+}
+
+// ------------------------------------------------------------------- CUDA
+
+/// One launch_loop run's JSON line.
+struct LoopRun {
+    launches: f64,
+    syncs: f64,
+    seconds: f64,
+    rate: f64,
+}
+
+/// The number after `"key":` in a one-line JSON object.
+fn json_number(text: &str, key: &str) -> Option<f64> {
+    let rest = text.split(&format!("\"{key}\":")).nth(1)?;
+    let end = rest.find([',', '}']).unwrap_or(rest.len());
+    rest[..end].trim().parse().ok()
+}
+
+/// Lines of a child's stream, as they come.
+fn lines_of(reader: impl std::io::Read + Send + 'static) -> Receiver<String> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(reader).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Waits for a line containing every one of `needles` (all lines read are
+/// appended to `seen`).
+fn wait_for(
+    rx: &Receiver<String>,
+    seen: &mut Vec<String>,
+    needles: &[&str],
+    timeout: Duration,
+) -> Result<String> {
+    let deadline = Instant::now() + timeout;
+    if let Some(l) = seen.iter().find(|l| needles.iter().all(|n| l.contains(n))) {
+        return Ok(l.clone());
+    }
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).with_context(|| {
+            format!(
+                "no line with {needles:?} within {timeout:?}; so far:\n  {}",
+                seen.join("\n  ")
+            )
+        })?;
+        seen.push(line.clone());
+        if needles.iter().all(|n| line.contains(n)) {
+            return Ok(line);
+        }
+    }
+}
+
+/// Starts launch_loop held at its gate; returns the child, its stdout lines
+/// and its pid once it has loaded the CUDA libraries.
+fn start_loop(loop_bin: &Path, opts: &Options) -> Result<(Guard, Receiver<String>)> {
+    let mut child = Command::new(loop_bin)
+        .args(["--seconds", &opts.launch_seconds.to_string(), "--gate"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .with_context(|| format!("starting {}", loop_bin.display()))?;
+    let out = lines_of(child.stdout.take().context("launch_loop stdout")?);
+    let guard = Guard(child);
+    let first = out
+        .recv_timeout(Duration::from_secs(30))
+        .context("launch_loop printed nothing within 30 s")?;
+    if json_number(&first, "ready").is_none() {
+        bail!("launch_loop: expected {{\"ready\":PID}}, got {first:?}");
+    }
+    Ok((guard, out))
+}
+
+/// Opens the gate and waits for the loop's result line.
+fn finish_loop(mut guard: Guard, out: Receiver<String>, opts: &Options) -> Result<LoopRun> {
+    {
+        let stdin = guard.0.stdin.as_mut().context("launch_loop stdin")?;
+        stdin.write_all(b"go\n")?;
+        stdin.flush()?;
+    }
+    let limit = Duration::from_secs_f64(opts.launch_seconds * 3.0 + 60.0);
+    let line = out
+        .recv_timeout(limit)
+        .with_context(|| format!("launch_loop gave no result within {limit:?}"))?;
+    let status = guard.0.wait()?;
+    if !status.success() {
+        bail!("launch_loop failed ({status}): {line}");
+    }
+    let field =
+        |k: &str| json_number(&line, k).with_context(|| format!("launch_loop: no {k} in {line:?}"));
+    Ok(LoopRun {
+        launches: field("launches")?,
+        syncs: field("syncs")?,
+        seconds: field("seconds")?,
+        rate: field("launches_per_s")?,
+    })
+}
+
+struct CudaTraced {
+    run: LoopRun,
+    events: String,
+    cpu_percent: f64,
+}
+
+/// launch_loop traced from its first launch: the agent (`--exe
+/// launch_loop`) is ready before the loop starts, finds it at exec, and the
+/// loop launches nothing until the agent logged its libcudart.so.12
+/// uprobes as attached.
+fn cuda_traced_round(agent_bin: &Path, loop_bin: &Path, opts: &Options) -> Result<CudaTraced> {
+    let mut child = Command::new(agent_bin)
+        .args(["--log-level", "info", "run", "--exe", "launch_loop"])
+        .args(["--output", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent")?;
+    let agent_pid = child.id();
+    let log = lines_of(child.stderr.take().context("agent stderr")?);
+    let mut agent = Guard(child);
+    let mut seen = Vec::new();
+    wait_for(
+        &log,
+        &mut seen,
+        &["tokentrace: ready"],
+        Duration::from_secs(60),
+    )?;
+
+    let (guard, out) = start_loop(loop_bin, opts)?;
+    let loop_pid = guard.0.id();
+    let attach = Duration::from_secs(30);
+    wait_for(
+        &log,
+        &mut seen,
+        &["tracing pid", &loop_pid.to_string()],
+        attach,
+    )
+    .context("the agent did not pick up launch_loop at exec")?;
+    wait_for(
+        &log,
+        &mut seen,
+        &["probing", "libcudart.so.12: CUDA"],
+        attach,
+    )
+    .context("the agent did not attach its CUDA uprobes to libcudart.so.12")?;
+    let ticks_before = cpu_ticks(agent_pid)?;
+    let run = finish_loop(guard, out, opts)?;
+    let ticks = cpu_ticks(agent_pid)? - ticks_before;
+    std::thread::sleep(Duration::from_millis(300));
+    util::status("kill", &["-TERM", &agent_pid.to_string()])?; // see traced_round
+    agent.0.wait()?;
+    seen.extend(log.try_iter());
+    let events = seen
+        .iter()
+        .find(|l| l.contains("events:"))
+        .map(|l| l.trim().to_string())
+        .unwrap_or_else(|| "no event summary".into());
+    // Every sync is one event (entry + return uprobes): fewer means the
+    // probes missed part of the run.
+    let received = events
+        .split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse::<f64>().ok())
+        .unwrap_or(0.0);
+    if received < run.syncs {
+        bail!(
+            "the agent received {received} events for {} cudaStreamSynchronize calls: its CUDA probes did not see the whole run ({events})",
+            run.syncs
+        );
+    }
+    Ok(CudaTraced {
+        run,
+        events,
+        cpu_percent: ticks as f64 / 100.0 / opts.launch_seconds * 100.0,
+    })
+}
+
+fn cuda(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
+    let loop_bin = util::root().join("target/native/launch_loop");
+    // Warm-up: page cache, CPU frequency.
+    finish_loop_now(&loop_bin, opts)?;
+    let (mut base, mut traced) = (Vec::new(), Vec::new());
+    for round in 0..opts.rounds {
+        let b = finish_loop_now(&loop_bin, opts)?;
+        let t = cuda_traced_round(agent_bin, &loop_bin, opts)?;
+        let line = format!(
+            "cuda round {round}: without agent {:.0} launches/s ({:.0} in {:.2} s), with agent {:.0} launches/s ({:.0} in {:.2} s, {:.0} syncs): ratio {:.4}; agent CPU {:.1}%; {}\n",
+            b.rate,
+            b.launches,
+            b.seconds,
+            t.run.rate,
+            t.run.launches,
+            t.run.seconds,
+            t.run.syncs,
+            t.run.rate / b.rate,
+            t.cpu_percent,
+            t.events
+        );
+        eprint!("{line}");
+        report.push_str(&line);
+        base.push(b.rate);
+        traced.push(t);
+    }
+    let mut rates: Vec<f64> = traced.iter().map(|t| t.run.rate).collect();
+    let mut cpu: Vec<f64> = traced.iter().map(|t| t.cpu_percent).collect();
+    let (b, t) = (median(&mut base), median(&mut rates));
+    let result = format!(
+        "CUDA probes (launch_loop: zero-length kernels on the stand-in libcudart.so.12, a sync per 1000 launches, {} s runs, {} rounds): median {:.0} launches/s without agent, {:.0} with: ratio {:.4}; each probed cudaLaunchKernel costs {:.2} us more ({:.3} us -> {:.3} us); agent CPU median {:.1}% of one core\n",
+        opts.launch_seconds,
+        opts.rounds,
+        b,
+        t,
+        t / b,
+        1e6 / t - 1e6 / b,
+        1e6 / b,
+        1e6 / t,
+        median(&mut cpu)
+    );
+    print!("{result}");
+    report.push_str(&result);
+    Ok(())
+}
+
+/// An untraced launch_loop run (through the same gate).
+fn finish_loop_now(loop_bin: &Path, opts: &Options) -> Result<LoopRun> {
+    let (guard, out) = start_loop(loop_bin, opts)?;
+    finish_loop(guard, out, opts)
 }

@@ -226,7 +226,10 @@ impl Explainer {
                 );
             }
             Event::Close(c) => {
-                self.conn_threads.remove(&c.conn);
+                // The connection's writers are kept (pruned by age like the
+                // rest): the close is often observed before the timeline it
+                // finishes is explained (same batch), and the writer side
+                // must still be known then.
                 self.unsent_writes.remove(&(c.conn.pid, c.conn.sock_ino));
             }
             _ => {}

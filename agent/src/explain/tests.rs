@@ -233,3 +233,44 @@ fn token_marks_split_a_gap_between_producer_and_writer() {
     assert_eq!(stall.off_cpu_reason.as_deref(), Some("sleep"));
     assert!(close_ms(stall.unexplained_ms, 2.0), "{stall:?}");
 }
+
+#[test]
+fn a_close_seen_before_the_explanation_keeps_the_writer_side() {
+    // As in a real server: the frontend's writer thread also fires
+    // request_start, and the connection's close is observed (same batch)
+    // before the finished timeline is explained.
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    let token = |index: u64, at_ms: u64| usdt(LlmProbe::Token, at_ms, [index, 0, 0]);
+    let events = vec![
+        Event::Usdt(UsdtEvent {
+            pid: FRONTEND,
+            tid: WRITER_TID,
+            ts: 1000 * MS,
+            probe: LlmProbe::RequestStart,
+            request_id: "chatcmpl-1".into(),
+            args: [1, 0, 0],
+        }),
+        write(1001, 0, true),
+        token(0, 1009),
+        token(1, 1019),
+        // The writer waits for the engine, then sleeps before writing 1.
+        off_cpu(FRONTEND, WRITER_TID, 1011, 1020, Some(202)),
+        off_cpu(FRONTEND, WRITER_TID, 1020, 1060, Some(230)),
+        Event::Close(ConnEvent {
+            conn: CONN,
+            tid: WRITER_TID,
+            comm: String::new(),
+            ts: 1070 * MS,
+            addrs: None,
+        }),
+    ];
+    for e in &events {
+        ex.observe(e);
+    }
+    let stalls = ex.explain(&timeline(&[1010, 1061]));
+    let [stall] = stalls.as_slice() else {
+        panic!("one late chunk expected: {stalls:#?}")
+    };
+    assert!(close_ms(stall.off_cpu_ms, 41.0), "{stall:?}");
+    assert_eq!(stall.off_cpu_reason.as_deref(), Some("sleep"), "{stall:?}");
+}

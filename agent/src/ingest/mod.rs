@@ -290,5 +290,10 @@ fn run_thread(
             break;
         }
     }
-    crate::probes::detach_all(file_links.into_values().flatten().collect());
+    // One after the other: among these are USDT links, and libbpf's USDT
+    // detach returns spec ids to the object's shared usdt_manager
+    // (reallocarray of free_spec_ids) without a lock; detached from several
+    // threads at once they corrupted the heap ("realloc(): invalid next
+    // size", "double free or corruption" at exit).
+    drop(file_links);
 }
