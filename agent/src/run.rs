@@ -353,8 +353,13 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     let idle_ns = u64::try_from(config.stitch.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
     let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
     let deadline = args.duration.map(|d| tokio::time::Instant::now() + d);
+    // Both handlers are installed once, before the loop: a signal that
+    // arrives while a batch is being processed is kept for the next turn
+    // (a `ctrl_c()` future created per turn would miss it).
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .context("installing the SIGTERM handler")?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("installing the SIGINT handler")?;
 
     let stop = loop {
         let until_deadline = async {
@@ -376,7 +381,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
                 pipeline.report()
             }
             _ = until_deadline => Some(Stop::Duration),
-            _ = tokio::signal::ctrl_c() => Some(Stop::Signal),
+            _ = interrupt.recv() => Some(Stop::Signal),
             _ = terminate.recv() => Some(Stop::Signal),
         };
         if let Some(stop) = stop {

@@ -31,6 +31,8 @@ struct RequestMarks {
     tokens: HashMap<u64, MonoNs>,
     /// Threads that fired probes for this request: they serve it.
     threads: HashSet<(u32, u32)>,
+    /// Threads that fired `llm:token` for it: they produce its tokens.
+    token_threads: HashSet<(u32, u32)>,
     last_ts: MonoNs,
 }
 
@@ -171,6 +173,7 @@ impl Explainer {
                 marks.threads.insert((u.pid, u.tid));
                 marks.last_ts = u.ts;
                 if u.probe == LlmProbe::Token {
+                    marks.token_threads.insert((u.pid, u.tid));
                     marks.tokens.entry(u.args[0]).or_insert(u.ts);
                     return;
                 }
@@ -276,8 +279,18 @@ impl Explainer {
             .get(&t.conn)
             .map(|(tids, _)| tids.iter().map(|&tid| (t.conn.pid, tid)).collect())
             .unwrap_or_default();
+        // The threads that produced its tokens when they are known: a thread
+        // that only queued the request (an input loop, idle and off-CPU
+        // between requests) would make every gap off-CPU.
         let producers: HashSet<(u32, u32)> = marks
-            .map(|m| m.threads.difference(&writers).copied().collect())
+            .map(|m| {
+                let serving = if m.token_threads.is_empty() {
+                    &m.threads
+                } else {
+                    &m.token_threads
+                };
+                serving.difference(&writers).copied().collect()
+            })
             .unwrap_or_default();
         let everyone: HashSet<(u32, u32)> = writers.union(&producers).copied().collect();
         let engine_pids: HashSet<u32> = producers.iter().map(|&(pid, _)| pid).collect();

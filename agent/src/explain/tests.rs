@@ -274,3 +274,40 @@ fn a_close_seen_before_the_explanation_keeps_the_writer_side() {
     assert!(close_ms(stall.off_cpu_ms, 41.0), "{stall:?}");
     assert_eq!(stall.off_cpu_reason.as_deref(), Some("sleep"), "{stall:?}");
 }
+
+#[test]
+fn an_idle_thread_that_only_queued_the_request_is_not_a_producer() {
+    // The engine's input thread fired request_queued, then waited for the
+    // next request (off-CPU in recvfrom, woken now and then) while the
+    // engine loop slept 40 ms before token 1: the gap is that sleep.
+    const INPUT_TID: u32 = 22;
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    let token = |index: u64, at_ms: u64| usdt(LlmProbe::Token, at_ms, [index, 0, 0]);
+    let events = vec![
+        Event::Usdt(UsdtEvent {
+            pid: ENGINE,
+            tid: INPUT_TID,
+            ts: 1000 * MS,
+            probe: LlmProbe::RequestQueued,
+            request_id: "chatcmpl-1".into(),
+            args: [1, 0, 0],
+        }),
+        write(1001, 0, true),
+        token(0, 1009),
+        sync(ENGINE_TID, ENGINE, 1010, 1015),
+        off_cpu(ENGINE, ENGINE_TID, 1015, 1055, Some(230)),
+        off_cpu(ENGINE, INPUT_TID, 1009, 1057, Some(45)),
+        token(1, 1056),
+    ];
+    for e in &events {
+        ex.observe(e);
+    }
+    let stalls = ex.explain(&timeline(&[1010, 1057]));
+    let [stall] = stalls.as_slice() else {
+        panic!("one late chunk expected: {stalls:#?}")
+    };
+    assert!(close_ms(stall.gpu_sync_ms, 5.0), "{stall:?}");
+    assert!(close_ms(stall.off_cpu_ms, 40.0), "{stall:?}");
+    assert_eq!(stall.off_cpu_reason.as_deref(), Some("sleep"), "{stall:?}");
+    assert!(close_ms(stall.unexplained_ms, 2.0), "{stall:?}");
+}
