@@ -17,7 +17,7 @@
 //! `--only sse|cuda` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, Receiver};
 use std::time::{Duration, Instant};
@@ -73,15 +73,6 @@ fn parse(args: &[String]) -> Result<Options> {
         bail!("--rounds must be >= 1 and --launch-seconds >= 1 (a launch_loop run long enough to time)");
     }
     Ok(opts)
-}
-
-/// Where cargo puts builds: `$CARGO_TARGET_DIR` (relative to the workspace
-/// root when relative), else target/.
-fn target_dir() -> PathBuf {
-    match std::env::var_os("CARGO_TARGET_DIR") {
-        Some(dir) if !dir.is_empty() => util::root().join(dir),
-        _ => util::root().join("target"),
-    }
 }
 
 fn client(port: u16, opts: &Options) -> Result<f64> {
@@ -217,7 +208,7 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     util::ensure_tracefs()?;
     util::cargo(&["build", "--release", "-p", "tokentrace"])?;
-    let agent_bin = target_dir().join("release/tokentrace");
+    let agent_bin = util::target_dir().join("release/tokentrace");
     let mut report = String::new();
     if opts.sse {
         sse(&agent_bin, &opts, &mut report)?;

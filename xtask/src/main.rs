@@ -8,11 +8,14 @@
 //! - `test`    deps and native, then the whole test suite (unit + root eBPF
 //!   integration)
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server
+//! - `gpu-check` a real CUDA program (PyTorch) under the agent: real CUDA
+//!   launches and syncs must arrive (needs a GPU; CI has none)
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
 
 mod bench;
 mod demo;
 mod deps;
+mod gpu_check;
 mod native;
 mod util;
 
@@ -39,15 +42,18 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
             util::cargo(&args)
         }
         "bench" => bench::run(rest),
+        "gpu-check" => gpu_check::run(),
         "vmlinux" => deps::vmlinux(),
-        other => bail!("unknown task {other:?}; tasks: deps, demo, native, test, bench, vmlinux"),
+        other => bail!(
+            "unknown task {other:?}; tasks: deps, demo, native, test, bench, gpu-check, vmlinux"
+        ),
     }
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
-        eprintln!("usage: cargo xtask <deps|demo|native|test|bench|vmlinux> [args]");
+        eprintln!("usage: cargo xtask <deps|demo|native|test|bench|gpu-check|vmlinux> [args]");
         return ExitCode::from(2);
     };
     match run(task, rest) {

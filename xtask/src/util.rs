@@ -20,6 +20,15 @@ pub fn root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// Where cargo puts builds: `$CARGO_TARGET_DIR` (relative to the workspace
+/// root when relative), else target/.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => root().join(dir),
+        _ => root().join("target"),
+    }
+}
+
 /// Runs a command to completion in the workspace root; non-zero is an error.
 pub fn status(program: &str, args: &[&str]) -> Result<()> {
     let status = Command::new(program)
