@@ -183,6 +183,7 @@ impl Pipeline<'_> {
                 self.probed.apply(change);
             }
             self.probed.on_event(event);
+            self.summary.observe(event);
             self.explainer.observe(event);
             self.stitcher.push(event, &mut self.finished);
         }
