@@ -8,11 +8,22 @@ and a client that reads them as fast as it can.
       OpenAI-style chunk events then data: [DONE]; keep-alive.
   python3 tests/bench/sse_flood.py client --port P --seconds S [--connections C] [--events N]
       prints one JSON line {"events", "seconds", "events_per_s", "requests"}.
+  TLS: server --tls --certfile C --keyfile K, client --tls: the same over
+      HTTPS (stdlib ssl, blocking sockets): the server makes one SSL_write_ex
+      per event (its write() nested in it), the client one SSL_read_ex per
+      event (one TLS record each). The client checks no certificate.
+  python3 tests/bench/sse_flood.py ssl-loop --certfile C --keyfile K --seconds S
+      OpenSSL calls alone, no sockets: a server and a client SSLObject on
+      memory BIOs in one thread; each iteration is one SSL_write_ex of an
+      event and one SSL_read_ex of it. Prints READY <pid>, waits for a line
+      on stdin (time to attach a tracer), runs S seconds, prints one JSON line
+      {"iterations", "seconds", "ssl_calls", "ssl_calls_per_s"}.
 Stdlib only; loopback only; bounded by --seconds.
 """
 
 import argparse
 import json
+import os
 import socket
 import sys
 import threading
@@ -35,6 +46,8 @@ def serve_conn(conn):
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buf = b""
     try:
+        if hasattr(conn, "do_handshake"):
+            conn.do_handshake()  # TLS: off the accepting thread
         while True:
             while b"\r\n\r\n" not in buf:
                 data = conn.recv(65536)
@@ -56,7 +69,25 @@ def serve_conn(conn):
         conn.close()
 
 
+def server_context(certfile, keyfile):
+    import ssl  # only in TLS modes: plaintext runs keep libssl unmapped
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certfile, keyfile)
+    return ctx
+
+
+def client_context():
+    import ssl
+
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
 def server(args):
+    ctx = server_context(args.certfile, args.keyfile) if args.tls else None
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind(("127.0.0.1", args.port))
@@ -64,11 +95,15 @@ def server(args):
     print("READY %d" % srv.getsockname()[1], flush=True)
     while True:
         conn, _ = srv.accept()
+        if ctx is not None:
+            conn = ctx.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         threading.Thread(target=serve_conn, args=(conn,), daemon=True).start()
 
 
 def client_worker(args, deadline, totals, lock):
     sock = socket.create_connection(("127.0.0.1", args.port))
+    if args.tls:
+        sock = client_context().wrap_socket(sock, server_hostname="localhost")
     req = b"GET /v1/chat/completions?events=%d HTTP/1.1\r\nhost: bench\r\n\r\n" % args.events
     requests = 0
     end_marker = b"0\r\n\r\n"
@@ -114,18 +149,89 @@ def client(args):
     }), flush=True)
 
 
+def ssl_loop(args):
+    import ssl
+
+    srv_in, srv_out, cli_in, cli_out = (ssl.MemoryBIO() for _ in range(4))
+    srv = server_context(args.certfile, args.keyfile).wrap_bio(srv_in, srv_out, server_side=True)
+    cli = client_context().wrap_bio(cli_in, cli_out, server_hostname="localhost")
+
+    def pump():
+        moved = False
+        for src, dst in ((cli_out, srv_in), (srv_out, cli_in)):
+            data = src.read()
+            if data:
+                dst.write(data)
+                moved = True
+        return moved
+
+    done = {"cli": False, "srv": False}
+    for _ in range(100):
+        for name, obj in (("cli", cli), ("srv", srv)):
+            if not done[name]:
+                try:
+                    obj.do_handshake()
+                    done[name] = True
+                except ssl.SSLWantReadError:
+                    pass
+        if not pump() and all(done.values()):
+            break
+    if not all(done.values()):
+        raise SystemExit("ssl-loop: handshake did not complete")
+    # session tickets (TLS 1.3) reach the client before the first event
+    try:
+        cli.read(65536)
+    except ssl.SSLWantReadError:
+        pass
+    print("READY %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+    iterations = 0
+    start = time.monotonic()
+    deadline = start + args.seconds
+    while True:
+        for _ in range(200):
+            srv.write(EVENT)
+            cli_in.write(srv_out.read())
+            cli.read(65536)
+        iterations += 200
+        if time.monotonic() >= deadline:
+            break
+    elapsed = time.monotonic() - start
+    print(json.dumps({
+        "iterations": iterations,
+        "seconds": elapsed,
+        "ssl_calls": 2 * iterations,
+        "ssl_calls_per_s": 2 * iterations / elapsed,
+    }), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
     s = sub.add_parser("server")
     s.add_argument("--port", type=int, default=0)
+    s.add_argument("--tls", action="store_true", help="HTTPS (needs --certfile/--keyfile)")
+    s.add_argument("--certfile")
+    s.add_argument("--keyfile")
     c = sub.add_parser("client")
     c.add_argument("--port", type=int, required=True)
     c.add_argument("--seconds", type=float, default=3.0)
     c.add_argument("--connections", type=int, default=1)
     c.add_argument("--events", type=int, default=2000)
+    c.add_argument("--tls", action="store_true", help="HTTPS, certificate not checked")
+    loop = sub.add_parser("ssl-loop")
+    loop.add_argument("--certfile", required=True)
+    loop.add_argument("--keyfile", required=True)
+    loop.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
-    server(args) if args.mode == "server" else client(args)
+    if args.mode == "server":
+        if args.tls and not (args.certfile and args.keyfile):
+            ap.error("server --tls needs --certfile and --keyfile")
+        server(args)
+    elif args.mode == "client":
+        client(args)
+    else:
+        ssl_loop(args)
 
 
 if __name__ == "__main__":

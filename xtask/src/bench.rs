@@ -14,7 +14,10 @@
 //! attached, so every timed launch pays for them. Reports the ratio of
 //! launches/s and the cost each probe adds to a launch.
 //!
-//! `--only sse|cuda` runs one section. Results go to target/bench/.
+//! TLS (`tls.rs`): the SSE flood over HTTPS, and OpenSSL calls alone, with
+//! and without the OpenSSL uprobes: ratios and µs per event and per call.
+//!
+//! `--only sse|cuda|tls` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -28,10 +31,12 @@ use crate::deps::{self, Scope};
 use crate::native;
 use crate::util::{self, free_port, start_server, Guard};
 
+mod tls;
+
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda]";
+                     [--launch-seconds S] [--only sse|cuda|tls]";
 
 #[derive(Clone, Copy)]
 struct Options {
@@ -42,6 +47,7 @@ struct Options {
     launch_seconds: f64,
     sse: bool,
     cuda: bool,
+    tls: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -52,6 +58,7 @@ fn parse(args: &[String]) -> Result<Options> {
         launch_seconds: 2.0,
         sse: true,
         cuda: true,
+        tls: true,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -61,11 +68,14 @@ fn parse(args: &[String]) -> Result<Options> {
             "--seconds" => opts.seconds = value.parse()?,
             "--connections" => opts.connections = value.parse()?,
             "--launch-seconds" => opts.launch_seconds = value.parse()?,
-            "--only" => match value.as_str() {
-                "sse" => opts.cuda = false,
-                "cuda" => opts.sse = false,
-                _ => bail!("{USAGE}"),
-            },
+            "--only" => {
+                opts.sse = value == "sse";
+                opts.cuda = value == "cuda";
+                opts.tls = value == "tls";
+                if !(opts.sse || opts.cuda || opts.tls) {
+                    bail!("{USAGE}");
+                }
+            }
             _ => bail!("{USAGE}"),
         }
     }
@@ -216,6 +226,9 @@ pub fn run(args: &[String]) -> Result<()> {
     if opts.cuda {
         native::build()?;
         cuda(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.tls {
+        tls::run(&agent_bin, &opts, &mut report)?;
     }
     let dir = util::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
