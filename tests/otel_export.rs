@@ -1042,8 +1042,32 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
         "agent RSS grew by {growth_mib:.1} MiB with a dead backend (bound: 20 MiB)"
     );
 
-    // the backend comes up: new spans arrive
+    // the backend comes up: the agent drains its backlog (the queue is
+    // full of spans retried from before), then spans of new requests
+    // arrive. Requests sent before the drain would race the backlog for
+    // the 64 queue slots and be dropped as queue_full, by design.
     let collector = Collector::start(grpc_port, free_port());
+    let t_start = Instant::now();
+    let drained = loop {
+        let text = scrape(metrics_port);
+        let queued = prom_sum(&text, "tokentrace_export_queue_length", &[]);
+        let exported = prom_sum(&text, "tokentrace_spans_exported_total", &[]);
+        if queued == 0.0 && exported > 0.0 {
+            break true;
+        }
+        if t_start.elapsed() > Duration::from_secs(30) {
+            break false;
+        }
+        thread::sleep(Duration::from_millis(100));
+    };
+    eprintln!(
+        "[test] backend up: backlog drained: {drained} after {:.1} s",
+        t_start.elapsed().as_secs_f64()
+    );
+    assert!(
+        drained,
+        "the agent did not resume exporting within 30 s of the backend coming up"
+    );
     let mut after = ClientRun::sse(10, 2, "after-");
     after.traceparent = true;
     let after_recs = run_client(server.port, &after);
