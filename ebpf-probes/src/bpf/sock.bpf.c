@@ -244,6 +244,20 @@ static __always_inline void note_unsent(struct sock *sk, __u64 ino, __u64 ts_ent
 	bpf_map_update_elem(&nagle_holds, &key, &hold, BPF_ANY);
 }
 
+/* Sends the staged record with its first `captured` payload bytes (shared
+ * by the syscall and OpenSSL data paths). */
+static __always_inline int submit_data(struct data_scratch *s, __u32 captured)
+{
+	if (captured > MAX_CAPTURE)
+		captured = MAX_CAPTURE;
+	captured = verifier_mask(captured, LEN_MASK);
+	s->ev.captured = captured;
+	__u64 size = sizeof(struct tt_data_event) + captured;
+	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+	return 0;
+}
+
 static __always_inline int exit_io(long ret)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
@@ -300,15 +314,7 @@ static __always_inline int exit_io(long ret)
 		captured = copy_flat(s->payload, a.buf, limit);
 	else
 		captured = copy_iov(s->payload, a.buf, a.iovcnt, limit);
-	if (captured > MAX_CAPTURE)
-		captured = MAX_CAPTURE;
-	captured = verifier_mask(captured, LEN_MASK);
-	e->captured = captured;
-
-	__u64 size = sizeof(struct tt_data_event) + captured;
-	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
-		__sync_fetch_and_add(&ringbuf_drops, 1);
-	return 0;
+	return submit_data(s, captured);
 }
 
 #define ARG(n) ((__u64)ctx->args[n])
@@ -687,14 +693,7 @@ int BPF_URETPROBE(ssl_exit, long ret)
 
 	__u32 limit = capture_bytes < e->len ? capture_bytes : e->len;
 	__u32 captured = copy_flat(s->payload, c.buf, limit);
-	if (captured > MAX_CAPTURE)
-		captured = MAX_CAPTURE;
-	captured = verifier_mask(captured, LEN_MASK);
-	e->captured = captured;
-	__u64 size = sizeof(struct tt_data_event) + captured;
-	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
-		__sync_fetch_and_add(&ringbuf_drops, 1);
-	return 0;
+	return submit_data(s, captured);
 }
 
 /* The SSL* is gone: its connection is over (and the address may be
