@@ -15,6 +15,7 @@ pub mod export;
 pub mod ingest;
 pub mod k8s;
 pub mod output;
+pub mod pipeline;
 pub mod probes;
 pub mod run;
 pub mod session;

@@ -17,6 +17,9 @@
 //! TLS (`tls.rs`): the SSE flood over HTTPS, and OpenSSL calls alone, with
 //! and without the OpenSSL uprobes: ratios and µs per event and per call.
 //!
+//! Replay (`replay.rs`, `cargo xtask bench replay`): the agent's userspace
+//! cost per event on generated records, without the kernel or root.
+//!
 //! `--only sse|cuda|tls` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
@@ -31,12 +34,13 @@ use crate::deps::{self, Scope};
 use crate::native;
 use crate::util::{self, free_port, start_server, Guard};
 
+mod replay;
 mod tls;
 
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls]";
+                     [--launch-seconds S] [--only sse|cuda|tls] | cargo xtask bench replay [...]";
 
 #[derive(Clone, Copy)]
 struct Options {
@@ -211,6 +215,9 @@ fn median(values: &mut [f64]) -> f64 {
 }
 
 pub fn run(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("replay") {
+        return replay::run(&args[1..]);
+    }
     let opts = parse(args)?;
     deps::install(Scope::Build)?;
     if !util::is_root() {

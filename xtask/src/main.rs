@@ -7,7 +7,8 @@
 //!   launch loop) into target/native/, and a check of the stand-in
 //! - `test`    deps and native, then the whole test suite (unit + root eBPF
 //!   integration)
-//! - `bench`   overhead of the agent on a ≥20k writes/s streaming server
+//! - `bench`   overhead of the agent on a ≥20k writes/s streaming server;
+//!   `bench replay`: userspace cost per event on generated records
 //! - `gpu-check` a real CUDA program (PyTorch) under the agent: real CUDA
 //!   launches and syncs must arrive (needs a GPU; CI has none)
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel

@@ -22,8 +22,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CudaSyncCall, Direction, Event, IoCall, LlmProbe, MonoNs};
-use crate::explain::Explainer;
-use crate::stitch::{RequestTimeline, StitchConfig, StitchStats, Stitcher};
+use crate::pipeline::Pipeline;
+use crate::stitch::{RequestTimeline, StitchConfig, StitchStats};
 
 /// Slices (syscalls, off-CPU intervals, CUDA syncs, send-queue holds) and
 /// marks kept for the per-thread tracks of `trace.json`. Past it they are
@@ -216,10 +216,7 @@ pub struct Recording {
 /// Stitches a session's events and keeps what the artifacts need.
 #[derive(Debug)]
 pub struct SessionCore {
-    stitcher: Stitcher,
-    explainer: Explainer,
-    /// Finished by the stitcher, not yet explained.
-    pending: Vec<RequestTimeline>,
+    pipeline: Pipeline,
     timelines: Vec<RequestTimeline>,
     threads: Threads,
     counters: SessionCounters,
@@ -230,9 +227,11 @@ impl SessionCore {
     /// A core with the stitching and explaining settings of `meta`.
     pub fn new(meta: &RecordingMeta) -> Self {
         Self {
-            stitcher: Stitcher::new(meta.stitch_config()),
-            explainer: Explainer::new(meta.stall_threshold_ns, meta.explain_history_ns),
-            pending: Vec::new(),
+            pipeline: Pipeline::new(
+                meta.stitch_config(),
+                meta.stall_threshold_ns,
+                meta.explain_history_ns,
+            ),
             timelines: Vec::new(),
             threads: Threads::default(),
             counters: SessionCounters::default(),
@@ -244,18 +243,7 @@ impl SessionCore {
     pub fn push(&mut self, event: &Event) {
         self.counters.events += 1;
         self.thread_activity(event);
-        // The explainer sees an event before the timelines it may finish,
-        // as in the run loop.
-        self.explainer.observe(event);
-        self.stitcher.push(event, &mut self.pending);
-        self.explain_pending();
-    }
-
-    fn explain_pending(&mut self) {
-        for mut timeline in self.pending.drain(..) {
-            timeline.stalls = self.explainer.explain(&timeline);
-            self.timelines.push(timeline);
-        }
+        self.pipeline.push(event, &mut self.timelines);
     }
 
     fn slice(&mut self, pid: u32, tid: u32, start: MonoNs, end: MonoNs, kind: SliceKind) {
@@ -328,10 +316,7 @@ impl SessionCore {
     /// The periodic sweep: connections idle past the limit are dropped,
     /// inference events past the history window forgotten.
     pub fn tick(&mut self, now: MonoNs) {
-        self.stitcher
-            .expire_idle(now, self.idle_ns, &mut self.pending);
-        self.explain_pending();
-        self.explainer.prune(now);
+        self.pipeline.tick(now, self.idle_ns, &mut self.timelines);
     }
 
     /// Requests finished so far.
@@ -356,13 +341,12 @@ impl SessionCore {
         profile: Option<Profile>,
         samples_dropped: u64,
     ) -> Recording {
-        self.stitcher.finish(now, &mut self.pending);
-        self.explain_pending();
+        self.pipeline.finish(now, &mut self.timelines);
         let StitchStats {
             parse_errors,
             truncated_writes,
             ..
-        } = *self.stitcher.stats();
+        } = *self.pipeline.stats();
         self.counters.parse_errors = parse_errors;
         self.counters.truncated_writes = truncated_writes;
         self.counters.samples_dropped = samples_dropped;
