@@ -8,16 +8,20 @@
 //! Pure: events in ([`Explainer::observe`]), breakdowns out
 //! ([`Explainer::explain`]); the caller supplies time for pruning.
 
+mod history;
 mod intervals;
 mod stall;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::cell::OnceCell;
+
+use foldhash::{HashMap, HashSet};
 
 pub use stall::Stall;
 
 use crate::event::{ConnId, Direction, Event, LlmProbe, MonoNs};
 use crate::output::ms;
 use crate::stitch::RequestTimeline;
+use history::{Ends, History};
 use intervals::Intervals;
 
 /// USDT marks of one request id.
@@ -27,8 +31,9 @@ struct RequestMarks {
     scheduled: Option<MonoNs>,
     prefill_start: Option<MonoNs>,
     prefill_end: Option<MonoNs>,
-    /// `llm:token` of each token index: when the producer had it.
-    tokens: HashMap<u64, MonoNs>,
+    /// `llm:token` of each token index (the first mark of an index): when
+    /// the producer had it. Sorted by index; marks come in index order.
+    tokens: Vec<(u64, MonoNs)>,
     /// Threads that fired probes for this request: they serve it.
     threads: HashSet<(u32, u32)>,
     /// Threads that fired `llm:token` for it: they produce its tokens.
@@ -38,8 +43,6 @@ struct RequestMarks {
 
 #[derive(Debug, Clone, Copy)]
 struct Span {
-    pid: u32,
-    tid: u32,
     start: MonoNs,
     end: MonoNs,
 }
@@ -60,8 +63,6 @@ struct SyncWait {
 
 #[derive(Debug, Clone, Copy)]
 struct Hold {
-    pid: u32,
-    sock_ino: u64,
     write_ts: MonoNs,
     release_ts: MonoNs,
     nodelay: bool,
@@ -69,10 +70,54 @@ struct Hold {
 
 #[derive(Debug, Clone, Copy)]
 struct BatchStep {
-    pid: u32,
     ts: MonoNs,
     batch_size: u64,
 }
+
+impl Ends for SyncWait {
+    fn end(&self) -> MonoNs {
+        self.span.end
+    }
+}
+
+impl Ends for OffCpu {
+    fn end(&self) -> MonoNs {
+        self.span.end
+    }
+}
+
+impl Ends for BatchStep {
+    fn end(&self) -> MonoNs {
+        self.ts
+    }
+}
+
+impl Ends for Hold {
+    fn end(&self) -> MonoNs {
+        self.release_ts
+    }
+}
+
+impl RequestMarks {
+    fn token(&self, index: u64) -> Option<MonoNs> {
+        self.tokens
+            .binary_search_by_key(&index, |&(i, _)| i)
+            .ok()
+            .map(|at| self.tokens[at].1)
+    }
+
+    /// Keeps the first mark of each index.
+    fn mark_token(&mut self, index: u64, ts: MonoNs) {
+        if self.tokens.last().is_none_or(|&(last, _)| last < index) {
+            self.tokens.push((index, ts));
+        } else if let Err(at) = self.tokens.binary_search_by_key(&index, |&(i, _)| i) {
+            self.tokens.insert(at, (index, ts));
+        }
+    }
+}
+
+/// A thread: (pid, tid).
+type Thread = (u32, u32);
 
 /// Recent inference events, bounded by age.
 #[derive(Debug)]
@@ -82,26 +127,18 @@ pub struct Explainer {
     requests: HashMap<String, RequestMarks>,
     /// Threads that moved bytes on each connection.
     conn_threads: HashMap<ConnId, (HashSet<u32>, MonoNs)>,
-    syncs: VecDeque<SyncWait>,
-    off_cpu: VecDeque<OffCpu>,
-    steps: VecDeque<BatchStep>,
-    holds: VecDeque<Hold>,
+    /// By thread.
+    syncs: History<Thread, SyncWait>,
+    off_cpu: History<Thread, OffCpu>,
+    /// By process.
+    steps: History<u32, BatchStep>,
+    /// By socket: (pid, sock_ino).
+    holds: History<(u32, u64), Hold>,
     /// Egress writes that left bytes unsent, waiting for their release.
     /// Per socket, the first write that left bytes unsent and whether
     /// TCP_NODELAY was set, until its hold is released: the same one write
     /// the kernel times (one per socket), so this stays bounded.
     unsent_writes: HashMap<(u32, u64), (MonoNs, bool)>,
-}
-
-/// Most events of one kind kept, whatever their age: a server doing
-/// thousands of CUDA syncs a second must not make the history unbounded.
-const MAX_KEPT: usize = 100_000;
-
-fn push_bounded<T>(queue: &mut VecDeque<T>, item: T) {
-    if queue.len() >= MAX_KEPT {
-        queue.pop_front();
-    }
-    queue.push_back(item);
 }
 
 /// How an off-CPU interval is named in a breakdown.
@@ -131,13 +168,13 @@ impl Explainer {
         Self {
             threshold_ns,
             history_ns,
-            requests: HashMap::new(),
-            conn_threads: HashMap::new(),
-            syncs: VecDeque::new(),
-            off_cpu: VecDeque::new(),
-            steps: VecDeque::new(),
-            holds: VecDeque::new(),
-            unsent_writes: HashMap::new(),
+            requests: HashMap::default(),
+            conn_threads: HashMap::default(),
+            syncs: History::new(),
+            off_cpu: History::new(),
+            steps: History::new(),
+            holds: History::new(),
+            unsent_writes: HashMap::default(),
         }
     }
 
@@ -159,22 +196,26 @@ impl Explainer {
             }
             Event::Usdt(u) => {
                 if u.probe == LlmProbe::BatchStep {
-                    push_bounded(
-                        &mut self.steps,
+                    self.steps.push(
+                        u.pid,
                         BatchStep {
-                            pid: u.pid,
                             ts: u.ts,
                             batch_size: u.args[1],
                         },
                     );
                     return;
                 }
-                let marks = self.requests.entry(u.request_id.clone()).or_default();
+                // Looked up before inserting: a mark of a known request
+                // (every token's) costs no copy of its id.
+                let marks = match self.requests.get_mut(&u.request_id) {
+                    Some(marks) => marks,
+                    None => self.requests.entry(u.request_id.clone()).or_default(),
+                };
                 marks.threads.insert((u.pid, u.tid));
                 marks.last_ts = u.ts;
                 if u.probe == LlmProbe::Token {
                     marks.token_threads.insert((u.pid, u.tid));
-                    marks.tokens.entry(u.args[0]).or_insert(u.ts);
+                    marks.mark_token(u.args[0], u.ts);
                     return;
                 }
                 let slot = match u.probe {
@@ -186,24 +227,20 @@ impl Explainer {
                 };
                 slot.get_or_insert(u.ts);
             }
-            Event::CudaSync(c) => push_bounded(
-                &mut self.syncs,
+            Event::CudaSync(c) => self.syncs.push(
+                (c.pid, c.tid),
                 SyncWait {
                     span: Span {
-                        pid: c.pid,
-                        tid: c.tid,
                         start: c.ts_enter,
                         end: c.ts_exit,
                     },
                     launches: c.kernel_launches + c.graph_launches,
                 },
             ),
-            Event::OffCpu(o) => push_bounded(
-                &mut self.off_cpu,
+            Event::OffCpu(o) => self.off_cpu.push(
+                (o.pid, o.tid),
                 OffCpu {
                     span: Span {
-                        pid: o.pid,
-                        tid: o.tid,
                         start: o.start,
                         end: o.end,
                     },
@@ -217,11 +254,9 @@ impl Explainer {
                     .unsent_writes
                     .remove(&(h.pid, h.sock_ino))
                     .is_none_or(|(_, nodelay)| nodelay);
-                push_bounded(
-                    &mut self.holds,
+                self.holds.push(
+                    (h.pid, h.sock_ino),
                     Hold {
-                        pid: h.pid,
-                        sock_ino: h.sock_ino,
                         write_ts: h.write_ts,
                         release_ts: h.release_ts,
                         nodelay,
@@ -242,18 +277,10 @@ impl Explainer {
     /// Forgets events older than the history window.
     pub fn prune(&mut self, now: MonoNs) {
         let cutoff = now.saturating_sub(self.history_ns);
-        while self.syncs.front().is_some_and(|s| s.span.end < cutoff) {
-            self.syncs.pop_front();
-        }
-        while self.off_cpu.front().is_some_and(|o| o.span.end < cutoff) {
-            self.off_cpu.pop_front();
-        }
-        while self.steps.front().is_some_and(|s| s.ts < cutoff) {
-            self.steps.pop_front();
-        }
-        while self.holds.front().is_some_and(|h| h.release_ts < cutoff) {
-            self.holds.pop_front();
-        }
+        self.syncs.prune(cutoff);
+        self.off_cpu.prune(cutoff);
+        self.steps.prune(cutoff);
+        self.holds.prune(cutoff);
         self.requests.retain(|_, m| m.last_ts >= cutoff);
         self.conn_threads.retain(|_, (_, last)| *last >= cutoff);
         self.unsent_writes.retain(|_, (ts, _)| *ts >= cutoff);
@@ -270,11 +297,50 @@ impl Explainer {
     /// blamed. Without marks the whole gap is explained by every serving
     /// thread.
     pub fn explain(&self, t: &RequestTimeline) -> Vec<Stall> {
+        // Which chunks were late comes first, and is cheap: most requests
+        // have none, and then nothing else is looked at.
+        let holds: Vec<&Hold> = if t.conn.is_tls() {
+            Vec::new()
+        } else {
+            self.holds
+                .of(&(t.conn.pid, t.conn.sock_ino))
+                .map(|(_, h)| h)
+                .collect()
+        };
+        let late: Vec<Late> = t
+            .chunk_ts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, &emit)| {
+                let start = if i == 0 {
+                    t.request_start
+                } else {
+                    t.chunk_ts[i - 1]
+                };
+                let gap = emit.saturating_sub(start);
+                let hold = holds
+                    .iter()
+                    .find(|h| h.write_ts > start && h.write_ts <= emit)
+                    .copied();
+                let socket_ns = hold.map_or(0, |h| h.release_ts.saturating_sub(h.write_ts));
+                (gap >= self.threshold_ns || socket_ns >= self.threshold_ns).then_some(Late {
+                    chunk: i,
+                    start,
+                    emit,
+                    hold,
+                    socket_ns,
+                })
+            })
+            .collect();
+        if late.is_empty() {
+            return Vec::new();
+        }
+
         let marks = t
             .response_id
             .as_deref()
             .and_then(|id| self.requests.get(id));
-        let writers: HashSet<(u32, u32)> = self
+        let writers: HashSet<Thread> = self
             .conn_threads
             .get(&t.conn)
             .map(|(tids, _)| tids.iter().map(|&tid| (t.conn.pid, tid)).collect())
@@ -282,7 +348,7 @@ impl Explainer {
         // The threads that produced its tokens when they are known: a thread
         // that only queued the request (an input loop, idle and off-CPU
         // between requests) would make every gap off-CPU.
-        let producers: HashSet<(u32, u32)> = marks
+        let producers: HashSet<Thread> = marks
             .map(|m| {
                 let serving = if m.token_threads.is_empty() {
                     &m.threads
@@ -292,7 +358,7 @@ impl Explainer {
                 serving.difference(&writers).copied().collect()
             })
             .unwrap_or_default();
-        let everyone: HashSet<(u32, u32)> = writers.union(&producers).copied().collect();
+        let everyone: HashSet<Thread> = writers.union(&producers).copied().collect();
         let engine_pids: HashSet<u32> = producers.iter().map(|&(pid, _)| pid).collect();
         let mark_span = |a: Option<MonoNs>, b: Option<MonoNs>| match (a, b) {
             (Some(a), Some(b)) => Intervals::union_of([(a, b)]),
@@ -307,42 +373,39 @@ impl Explainer {
         } else {
             &producers
         };
-        let sides = [
-            ThreadCauses::of(self, on_producer_side),
-            ThreadCauses::of(self, &writers),
-            ThreadCauses::of(self, &everyone),
+        // Events that ended before the earliest gap began share nothing
+        // with any gap: only the rest of each thread's history is read.
+        let window_start = late
+            .iter()
+            .map(|l| l.start)
+            .min()
+            .unwrap_or(t.request_start);
+        let sides: [(&HashSet<Thread>, OnceCell<ThreadCauses>); 3] = [
+            (on_producer_side, OnceCell::new()),
+            (&writers, OnceCell::new()),
+            (&everyone, OnceCell::new()),
         ];
-        let (producer_side, writer_side, both) = (&sides[0], &sides[1], &sides[2]);
+        let side = |n: usize| {
+            let (threads, causes) = &sides[n];
+            causes.get_or_init(|| ThreadCauses::of(self, threads, window_start))
+        };
 
-        let mut stalls = Vec::new();
-        for (i, &emit) in t.chunk_ts.iter().enumerate() {
-            let start = if i == 0 {
-                t.request_start
-            } else {
-                t.chunk_ts[i - 1]
-            };
+        let mut stalls = Vec::with_capacity(late.len());
+        for Late {
+            chunk: i,
+            start,
+            emit,
+            hold,
+            socket_ns,
+        } in late
+        {
             let gap = emit.saturating_sub(start);
-            let hold = (!t.conn.is_tls())
-                .then(|| {
-                    self.holds.iter().find(|h| {
-                        h.pid == t.conn.pid
-                            && h.sock_ino == t.conn.sock_ino
-                            && h.write_ts > start
-                            && h.write_ts <= emit
-                    })
-                })
-                .flatten();
-            let socket_ns = hold.map_or(0, |h| h.release_ts.saturating_sub(h.write_ts));
-            if gap < self.threshold_ns && socket_ns < self.threshold_ns {
-                continue;
-            }
             let produced = marks
-                .and_then(|m| m.tokens.get(&(i as u64)))
-                .copied()
+                .and_then(|m| m.token(i as u64))
                 .filter(|&ts| ts > start && ts < emit);
             let segments: Vec<(MonoNs, MonoNs, &ThreadCauses)> = match produced {
-                Some(ts) => vec![(start, ts, producer_side), (ts, emit, writer_side)],
-                None => vec![(start, emit, both)],
+                Some(ts) => vec![(start, ts, side(0)), (ts, emit, side(1))],
+                None => vec![(start, emit, side(2))],
             };
             let mut totals = Breakdown::default();
             let mut reasons: Vec<(u64, String)> = Vec::new();
@@ -358,7 +421,12 @@ impl Explainer {
                 totals.gpu += share(&side.gpu).0;
                 let (off_ns, off_part) = share(&side.off);
                 totals.off_cpu += off_ns;
-                reasons.extend(side.off_cpu.iter().filter_map(|o| {
+                // Only intervals that reach into the segment can share it.
+                let reaching = side
+                    .off_cpu
+                    .iter()
+                    .filter(|o| o.span.end > from && o.span.start < to);
+                reasons.extend(reaching.filter_map(|o| {
                     let mine = Intervals::union_of([(o.span.start, o.span.end)]);
                     let overlap = off_part.minus(&off_part.minus(&mine)).total();
                     (overlap > 0).then(|| (overlap, off_cpu_reason(o)))
@@ -375,11 +443,11 @@ impl Explainer {
                 .max_by_key(|(overlap, _)| *overlap)
                 .map(|(_, r)| r);
             let explained = totals.queue + totals.prefill + totals.gpu + totals.off_cpu;
-            let batch_fan_in = self
-                .steps
+            let batch_fan_in = engine_pids
                 .iter()
-                .filter(|s| engine_pids.contains(&s.pid) && s.ts > start && s.ts <= emit)
-                .map(|s| s.batch_size)
+                .flat_map(|pid| self.steps.ending_after(pid, start))
+                .filter(|(_, s)| s.ts > start && s.ts <= emit)
+                .map(|(_, s)| s.batch_size)
                 .max();
             stalls.push(Stall {
                 chunk: i,
@@ -401,6 +469,16 @@ impl Explainer {
     }
 }
 
+/// A chunk whose gap, or the send-queue hold after its write, reached the
+/// threshold.
+struct Late<'a> {
+    chunk: usize,
+    start: MonoNs,
+    emit: MonoNs,
+    hold: Option<&'a Hold>,
+    socket_ns: u64,
+}
+
 /// Nanoseconds of a gap per cause.
 #[derive(Debug, Default)]
 struct Breakdown {
@@ -420,10 +498,21 @@ struct ThreadCauses<'a> {
 }
 
 impl<'a> ThreadCauses<'a> {
-    fn of(ex: &'a Explainer, threads: &HashSet<(u32, u32)>) -> Self {
-        let mine = |s: &Span| threads.contains(&(s.pid, s.tid));
-        let syncs: Vec<&SyncWait> = ex.syncs.iter().filter(|s| mine(&s.span)).collect();
-        let off_cpu: Vec<&OffCpu> = ex.off_cpu.iter().filter(|o| mine(&o.span)).collect();
+    /// Of the events of `threads` that ended after `after`, in arrival
+    /// order (which decides between equal off-CPU shares).
+    fn of(ex: &'a Explainer, threads: &HashSet<Thread>, after: MonoNs) -> Self {
+        let mut syncs: Vec<&(u64, SyncWait)> = threads
+            .iter()
+            .flat_map(|thread| ex.syncs.ending_after(thread, after))
+            .collect();
+        syncs.sort_unstable_by_key(|(arrival, _)| *arrival);
+        let mut off_cpu: Vec<&(u64, OffCpu)> = threads
+            .iter()
+            .flat_map(|thread| ex.off_cpu.ending_after(thread, after))
+            .collect();
+        off_cpu.sort_unstable_by_key(|(arrival, _)| *arrival);
+        let syncs: Vec<&SyncWait> = syncs.into_iter().map(|(_, s)| s).collect();
+        let off_cpu: Vec<&OffCpu> = off_cpu.into_iter().map(|(_, o)| o).collect();
         Self {
             gpu: Intervals::union_of(syncs.iter().map(|s| (s.span.start, s.span.end))),
             off: Intervals::union_of(off_cpu.iter().map(|o| (o.span.start, o.span.end))),

@@ -48,13 +48,14 @@ fn read<T: plain::Plain + Default + Copy>(
     Ok(value)
 }
 
+/// A NUL-terminated kernel string; one allocation when it is valid UTF-8
+/// (the usual case), lossy otherwise.
 fn comm(raw: &[i8]) -> String {
-    let bytes: Vec<u8> = raw
-        .iter()
-        .take_while(|&&c| c != 0)
-        .map(|&c| c as u8)
-        .collect();
-    String::from_utf8_lossy(&bytes).into_owned()
+    let len = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+    // A slice map: allocated once at its exact size.
+    let bytes: Vec<u8> = raw[..len].iter().map(|&c| c as u8).collect();
+    String::from_utf8(bytes)
+        .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned())
 }
 
 fn addrs(raw: &tt_sock_addrs) -> Option<SockAddrs> {

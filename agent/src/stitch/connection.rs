@@ -39,6 +39,8 @@ pub(crate) struct Connection {
     addrs: Option<SockAddrs>,
     /// Time of the latest event; the connection table indexes it.
     pub(crate) last_ts: MonoNs,
+    /// The time the table's recency index files it under (see `table`).
+    pub(crate) recency_ts: MonoNs,
     role: Role,
     /// Created from data rather than an accept: it predates tracing, so its
     /// first bytes may well be the middle of a message. Errors before its
@@ -72,6 +74,7 @@ impl Connection {
             comm: comm.to_owned(),
             addrs,
             last_ts: ts,
+            recency_ts: ts,
             role: Role::Undecided,
             adopted,
             requests: RequestReader::new(cap),

@@ -40,6 +40,23 @@ pub(crate) fn mentions_usage(json: &[u8]) -> bool {
     memchr::memmem::find(json, b"\"usage\"").is_some()
 }
 
+/// True when `json` may carry a `usage` value: it mentions the key and not
+/// every mention is `"usage": null`. With `stream_options.include_usage`
+/// every OpenAI chunk says `"usage":null` until the last one: those need
+/// no parsing either (a null usage changes nothing, see
+/// [`extract`]), and that is every token of such a stream.
+pub(crate) fn may_carry_usage(json: &[u8]) -> bool {
+    mentions_usage(json)
+        && memchr::memmem::find_iter(json, b"\"usage\"").any(|at| {
+            let after = skip_ws(json, at + b"\"usage\"".len());
+            if json.get(after) != Some(&b':') {
+                return true;
+            }
+            let value = skip_ws(json, after + 1);
+            !json.get(value..).is_some_and(|v| v.starts_with(b"null"))
+        })
+}
+
 /// The contiguous captured prefix of a body, kept for field extraction.
 ///
 /// Stops growing at the first uncaptured byte (what follows would not be
@@ -326,6 +343,20 @@ mod tests {
         p.push(Bytes::Known(b"ignored"));
         assert_eq!(p.bytes, br#"{"id":"x","#);
         assert_eq!(p.fields().id.as_deref(), Some("x"));
+    }
+
+    #[test]
+    fn null_usage_is_not_worth_parsing() {
+        assert!(!may_carry_usage(br#"{"id":"x","usage":null}"#));
+        assert!(!may_carry_usage(
+            br#"{"id":"x","usage" : null,"b":{"usage":null}}"#
+        ));
+        assert!(!may_carry_usage(br#"{"id":"x"}"#));
+        assert!(may_carry_usage(br#"{"usage":{"prompt_tokens":1}}"#));
+        assert!(may_carry_usage(br#"{"a":{"usage":null},"usage":{"x":1}}"#));
+        // cut right after the key: it may be anything
+        assert!(may_carry_usage(br#"{"usage""#));
+        assert!(may_carry_usage(br#"{"usage":"#));
     }
 
     #[test]

@@ -357,7 +357,7 @@ impl Content {
                 }
                 tl.chunk_ts.push(ts);
                 let want_ids = tl.response_id.is_none() || response_model.is_none();
-                if want_ids || json_fields::mentions_usage(event.data) {
+                if want_ids || json_fields::may_carry_usage(event.data) {
                     let fields = json_fields::extract(event.data, event.complete);
                     absorb(tl, response_model, fields);
                 }

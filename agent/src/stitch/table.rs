@@ -1,9 +1,24 @@
 //! All tracked connections, indexed for the three ways events find them:
-//! by connection, by (pid, fd) and by pid (a `BTreeMap` keyed by
-//! [`ConnId`], whose order is pid, fd, inode, serves all three), plus a
-//! recency index for idle expiry and eviction.
+//! by connection (a hash map: every data event looks its connection up),
+//! by (pid, fd) and by pid (a `BTreeSet` of [`ConnId`]s, whose order is
+//! pid, fd, inode, serves both, and orders what the table reports), plus
+//! a recency index for idle expiry and eviction.
+//!
+//! A non-TLS (pid, fd) holds at most one connection: every insert first
+//! retires the fd's other sockets. So an event whose connection is known
+//! has nothing to retire and costs one hash lookup.
+//!
+//! The recency index is updated lazily: an event only moves its
+//! connection's `last_ts`, and an entry found stale at the front of the
+//! index (its connection was active since) is re-filed under the true time
+//! before anything is decided from it. Every entry's time is at most its
+//! connection's true one, so the front, once fresh, is the least recently
+//! active connection, as an index updated on every event would say, at a
+//! fraction of the cost (two B-tree updates per event otherwise).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
+
+use foldhash::HashMap;
 use std::ops::RangeInclusive;
 
 use crate::event::{ConnEvent, ConnId, DataEvent, MonoNs};
@@ -16,8 +31,11 @@ use super::StitchConfig;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Connections {
-    map: BTreeMap<ConnId, Connection>,
-    /// `(last event time, id)` of every entry in `map`, oldest first.
+    map: HashMap<ConnId, Connection>,
+    /// The keys of `map`, in order.
+    ids: BTreeSet<ConnId>,
+    /// `(time filed under, id)` of every entry in `map`, oldest first; the
+    /// time is the connection's `recency_ts`, at most its `last_ts`.
     by_recency: BTreeSet<(MonoNs, ConnId)>,
     config: StitchConfig,
 }
@@ -25,7 +43,8 @@ pub(crate) struct Connections {
 impl Connections {
     pub(crate) fn new(config: StitchConfig) -> Self {
         Self {
-            map: BTreeMap::new(),
+            map: HashMap::default(),
+            ids: BTreeSet::new(),
             by_recency: BTreeSet::new(),
             config,
         }
@@ -36,8 +55,12 @@ impl Connections {
     }
 
     pub(crate) fn on_data(&mut self, ev: &DataEvent, sink: &mut Sink<'_>) {
-        self.retire_reused_fd(ev.conn, sink);
         let ts = Io::of(ev).ts;
+        if let Some(conn) = self.touch(ev.conn, ts) {
+            conn.on_data(ev, sink);
+            return;
+        }
+        self.retire_reused_fd(ev.conn, sink);
         if !self.map.contains_key(&ev.conn) {
             let conn = Connection::adopted(ev, self.config.max_buffered_bytes);
             self.insert(ev.conn, conn, sink);
@@ -83,7 +106,7 @@ impl Connections {
     /// have happened after it, and an end at expiry time would make the
     /// idle limit part of every such request's latency.
     pub(crate) fn expire(&mut self, cutoff: MonoNs, sink: &mut Sink<'_>) {
-        while let Some(&(last, id)) = self.by_recency.first() {
+        while let Some((last, id)) = self.least_recent() {
             if last >= cutoff {
                 break;
             }
@@ -95,8 +118,11 @@ impl Connections {
 
     pub(crate) fn finish(&mut self, now: MonoNs, sink: &mut Sink<'_>) {
         self.by_recency.clear();
-        for conn in std::mem::take(&mut self.map).into_values() {
-            conn.abort(now, AbortReason::AgentStopped, sink);
+        let mut map = std::mem::take(&mut self.map);
+        for id in std::mem::take(&mut self.ids) {
+            if let Some(conn) = map.remove(&id) {
+                conn.abort(now, AbortReason::AgentStopped, sink);
+            }
         }
     }
 
@@ -128,7 +154,7 @@ impl Connections {
     /// the table is full.
     fn insert(&mut self, id: ConnId, conn: Connection, sink: &mut Sink<'_>) {
         while self.map.len() >= self.config.max_connections.max(1) {
-            let Some(&(last, oldest)) = self.by_recency.first() else {
+            let Some((last, oldest)) = self.least_recent() else {
                 break;
             };
             if let Some(evicted) = self.remove(oldest) {
@@ -136,30 +162,50 @@ impl Connections {
                 evicted.abort(last, AbortReason::Idle, sink);
             }
         }
-        self.by_recency.insert((conn.last_ts, id));
+        let mut conn = conn;
+        conn.recency_ts = conn.last_ts;
+        self.by_recency.insert((conn.recency_ts, id));
+        self.ids.insert(id);
         self.map.insert(id, conn);
     }
 
+    /// The least recently active connection and its last event time,
+    /// re-filing stale index entries on the way.
+    fn least_recent(&mut self) -> Option<(MonoNs, ConnId)> {
+        loop {
+            let &(filed, id) = self.by_recency.first()?;
+            let Some(conn) = self.map.get_mut(&id) else {
+                // Not reachable: entries leave the index with their
+                // connection. Dropped rather than looped on.
+                self.by_recency.remove(&(filed, id));
+                continue;
+            };
+            if conn.last_ts == filed {
+                return Some((filed, id));
+            }
+            self.by_recency.remove(&(filed, id));
+            conn.recency_ts = conn.last_ts;
+            self.by_recency.insert((conn.last_ts, id));
+        }
+    }
+
     /// Records activity at `ts` (events may be slightly out of order; the
-    /// latest time wins).
+    /// latest time wins). The recency index catches up lazily.
     fn touch(&mut self, id: ConnId, ts: MonoNs) -> Option<&mut Connection> {
         let conn = self.map.get_mut(&id)?;
-        if ts > conn.last_ts {
-            self.by_recency.remove(&(conn.last_ts, id));
-            conn.last_ts = ts;
-            self.by_recency.insert((ts, id));
-        }
+        conn.last_ts = conn.last_ts.max(ts);
         Some(conn)
     }
 
     fn remove(&mut self, id: ConnId) -> Option<Connection> {
         let conn = self.map.remove(&id)?;
-        self.by_recency.remove(&(conn.last_ts, id));
+        self.ids.remove(&id);
+        self.by_recency.remove(&(conn.recency_ts, id));
         Some(conn)
     }
 
     fn ids(&self, range: RangeInclusive<ConnId>) -> Vec<ConnId> {
-        self.map.range(range).map(|(id, _)| *id).collect()
+        self.ids.range(range).copied().collect()
     }
 }
 
