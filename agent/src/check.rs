@@ -325,10 +325,26 @@ pub fn probed_file_lines(pid: u32) -> Vec<String> {
     }
     let files =
         crate::discover::libraries::find_probed_files(proc_root, pid, &mut Default::default());
-    let mut lines: Vec<String> = files
-        .iter()
-        .map(|f| format!("pid {pid}: {}: {}", f.mapped_as, f.probes.describe()))
-        .collect();
+    let mut lines = Vec::new();
+    for file in &files {
+        lines.push(format!(
+            "pid {pid}: {}: {}",
+            file.mapped_as,
+            file.probes.describe()
+        ));
+        // Where each uprobe goes, and what a hit costs there.
+        for site in file.probes.sites() {
+            let ret = if site.return_probe {
+                " + return probe"
+            } else {
+                ""
+            };
+            lines.push(format!("    {}{ret} at {}", site.function, site.placement));
+        }
+        if !file.probes.usdt.is_empty() {
+            lines.push("    llm:* USDT sites: nop, emulated".to_string());
+        }
+    }
     if !files.iter().any(|f| !f.probes.tls.is_empty()) {
         lines.push(format!(
             "pid {pid}: TLS: no OpenSSL loaded (yet: libraries loaded later are found when they are mapped)"

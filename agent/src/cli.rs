@@ -82,6 +82,13 @@ pub struct RunArgs {
     #[arg(long, env = "TOKENTRACE_CAPTURE_BYTES")]
     pub capture_bytes: Option<u32>,
 
+    /// Attach OpenSSL/CUDA/USDT uprobes once per library for every process
+    /// on the host instead of per traced process (discovery.uprobes_all_processes).
+    /// Costs every untraced process using those libraries a trap per call
+    /// (~10 µs single-stepped, ~1 µs emulated): see README, "Cost model".
+    #[arg(long, env = "TOKENTRACE_UPROBES_ALL_PROCESSES")]
+    pub uprobes_all_processes: bool,
+
     /// Kubernetes pod scope (replaces kubernetes.namespaces/selector;
     /// boxed to keep `Command` small).
     #[command(flatten)]

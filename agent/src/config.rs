@@ -116,6 +116,9 @@ pub struct StitchSection {
 #[serde(deny_unknown_fields, default)]
 pub struct DiscoveryConfig {
     pub demote_after_requests: u32,
+    /// Uprobes for every process mapping a probed library, not only the
+    /// traced ones (untraced processes then pay each probe's trap).
+    pub uprobes_all_processes: bool,
 }
 
 impl Default for Config {
@@ -157,6 +160,7 @@ impl Default for DiscoveryConfig {
     fn default() -> Self {
         Self {
             demote_after_requests: 32,
+            uprobes_all_processes: false,
         }
     }
 }

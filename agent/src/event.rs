@@ -160,7 +160,8 @@ pub struct ConnEvent {
     pub addrs: Option<SockAddrs>,
 }
 
-/// A process exec'd (any process) or a traced process exited.
+/// A process exec'd, or a traced process exited or forked (`pid` is the
+/// child, `ppid` the traced parent).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcEvent {
     pub pid: u32,
@@ -283,6 +284,7 @@ pub enum Event {
     Close(ConnEvent),
     Exec(ProcEvent),
     Exit(ProcEvent),
+    Fork(ProcEvent),
     Listen(ListenEvent),
     LibraryMapped(LibraryMapped),
     Usdt(UsdtEvent),
@@ -302,7 +304,7 @@ impl Event {
                 Direction::Egress => d.ts_enter,
             },
             Event::Accept(c) | Event::Close(c) => c.ts,
-            Event::Exec(p) | Event::Exit(p) => p.ts,
+            Event::Exec(p) | Event::Exit(p) | Event::Fork(p) => p.ts,
             Event::Listen(l) => l.ts,
             Event::LibraryMapped(m) => m.ts,
             Event::Usdt(u) => u.ts,

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::cli::RunArgs;
 use crate::config::Config;
-use crate::discover::libraries::{FileChange, ProbedFiles};
+use crate::discover::libraries::{FileChange, ProbedFiles, UprobeScope};
 use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
 use crate::explain::Explainer;
@@ -28,6 +28,8 @@ const PROC: &str = "/proc";
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 /// Batches of events buffered between the ingest thread and stitching.
 const EVENT_CHANNEL_BATCHES: usize = 1024;
+/// How long attaching the uprobes of the processes found at start may take.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long queued spans and a last metrics push may take at exit.
 const EXPORT_GRACE: Duration = Duration::from_secs(5);
 
@@ -90,7 +92,7 @@ impl Printer {
 }
 
 /// The probes' side of which processes are traced: the kernel pid filter
-/// and the OpenSSL files those processes use.
+/// and the uprobes of the files those processes map.
 struct Probed<'a> {
     ingest: &'a Ingest,
     files: ProbedFiles,
@@ -104,7 +106,7 @@ impl Probed<'_> {
                     Ok(()) => tracing::info!("tracing pid {pid}"),
                     Err(err) => tracing::warn!("{err:#}"),
                 }
-                self.scan_libraries(pid);
+                let mut changes = self.files.scan(Path::new(PROC), pid);
                 // The kernel adds what a traced process forks from now on;
                 // what it forked before its exec or listen event reached us
                 // (nginx's master forks its workers within milliseconds of
@@ -115,33 +117,27 @@ impl Probed<'_> {
                         Ok(()) => tracing::info!("tracing pid {child}, forked by {pid}"),
                         Err(err) => tracing::warn!("{err:#}"),
                     }
-                    self.scan_libraries(child);
+                    changes.extend(self.files.scan(Path::new(PROC), child));
                 }
+                self.send(changes);
             }
             Change::Untrace(pid) => {
                 self.ingest.traced_pids.remove(pid);
-                self.forget_libraries(pid);
+                let changes = self.files.process_gone(pid);
+                self.send(changes);
             }
         }
     }
 
-    /// Finds OpenSSL files `pid` maps (now, or after it loaded a library).
+    /// Finds probed files `pid` maps (now, or after it loaded a library).
     fn scan_libraries(&mut self, pid: u32) {
         let changes = self.files.scan(Path::new(PROC), pid);
-        self.file_changes(changes);
+        self.send(changes);
     }
 
-    fn forget_libraries(&mut self, pid: u32) {
-        let changes = self.files.process_exited(pid);
-        self.file_changes(changes);
-    }
-
-    fn file_changes(&self, changes: Vec<FileChange>) {
-        for change in changes {
-            self.ingest.command(match change {
-                FileChange::Attach(file) => ProbeCommand::Attach(file),
-                FileChange::Detach(key) => ProbeCommand::Detach(key),
-            });
+    fn send(&self, changes: Vec<FileChange>) {
+        if !changes.is_empty() {
+            self.ingest.command(ProbeCommand::Files(changes));
         }
     }
 
@@ -149,7 +145,14 @@ impl Probed<'_> {
     fn on_event(&mut self, event: &Event) {
         match event {
             Event::LibraryMapped(mapped) => self.scan_libraries(mapped.pid),
-            Event::Exit(exit) => self.forget_libraries(exit.pid),
+            // A fork copies the parent's breakpoints but not its uprobes:
+            // the child (traced by the kernel from its first instruction)
+            // gets its own.
+            Event::Fork(fork) => self.scan_libraries(fork.pid),
+            Event::Exit(exit) => {
+                let changes = self.files.process_gone(exit.pid);
+                self.send(changes);
+            }
             _ => {}
         }
     }
@@ -285,14 +288,17 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     route_libbpf_logs();
 
     let agent_pid = std::process::id();
+    let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
+    let selector = selector(&args)?;
+    let report_all_execs = selector.exe.is_some() || selector.comm.is_some();
+    let report_listens = selector.is_automatic() || !selector.ports.is_empty();
     let mut tracker = Tracker::new(
-        selector(&args)?,
+        selector,
         EndpointMatcher::new(&config.endpoints),
         agent_pid,
         config.discovery.demote_after_requests,
     )
     .with_scope(kubernetes.scope);
-    let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
     let ingest = Ingest::start(
         ProbeSettings {
             capture_bytes: config.capture.bytes,
@@ -301,19 +307,31 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
             agent_pid,
             min_interval_ns: u64::try_from(config.explain.min_interval.as_nanos())
                 .unwrap_or(u64::MAX),
+            report_all_execs,
+            report_listens,
         },
         config.capture.poll_interval,
         events_tx,
     )?;
     let initial = tracker.initial_scan(Path::new(PROC))?;
+    let uprobe_scope = if args.uprobes_all_processes || config.discovery.uprobes_all_processes {
+        UprobeScope::AllProcesses
+    } else {
+        UprobeScope::Traced
+    };
     let mut probed = Probed {
         ingest: &ingest,
-        files: ProbedFiles::default(),
+        files: ProbedFiles::new(uprobe_scope),
     };
+    let mut initial_changes = Vec::new();
     for &pid in &initial {
         ingest.traced_pids.insert(pid)?;
-        probed.scan_libraries(pid);
+        initial_changes.extend(probed.files.scan(Path::new(PROC), pid));
     }
+    // One batch, and `ready` only once it is in place: a request sent after
+    // `ready` is seen whole, TLS included.
+    probed.send(initial_changes);
+    ingest.wait_for_commands(ATTACH_TIMEOUT)?;
     if tracker.is_automatic() {
         eprintln!(
             "tokentrace: automatic mode: watching {} listening process(es) for requests to {}",

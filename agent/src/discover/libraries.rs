@@ -1,23 +1,24 @@
 //! Which files of a traced process carry something to probe: OpenSSL
 //! (`libssl.so*`, or an executable exporting the SSL symbols), the CUDA
 //! runtime or driver (`libcudart.so*`, `libcuda.so*`), and `llm:*` USDT
-//! probes (any mapped file with a `.note.stapsdt` naming provider `llm`).
+//! probes (any mapped file with a `.note.stapsdt` naming provider `llm`),
+//! and where in each function the probe goes (`placement`).
 //!
 //! Paths go through `/proc/PID/root`, so files inside a container are found
 //! by the host agent. A file is identified by (device, inode): it is
-//! inspected once and probed once however many processes map it, and
-//! unprobed when its last traced user exits.
+//! inspected once however many processes map it.
 
 use std::collections::{HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use iced_x86::Register;
 use object::read::ReadCache;
-use object::{Object, ObjectSection, ObjectSymbol};
+use object::{Object, ObjectSection};
 
-use crate::probes::CudaLibrary;
+use super::placement::{kernel_emulates_long_nops, Code, Needs, Placement, ARG_REGISTERS};
 
-/// OpenSSL functions the TLS probes attach to. A file qualifies when it
+/// OpenSSL functions the TLS probes stand for. A file qualifies when it
 /// defines at least one read and one write function.
 pub const TLS_READ_SYMBOLS: [&str; 2] = ["SSL_read", "SSL_read_ex"];
 pub const TLS_WRITE_SYMBOLS: [&str; 2] = ["SSL_write", "SSL_write_ex"];
@@ -25,12 +26,67 @@ pub const TLS_WRITE_SYMBOLS: [&str; 2] = ["SSL_write", "SSL_write_ex"];
 /// Identity of a file on the host.
 pub type FileKey = (u64, u64);
 
+/// Which CUDA library a file is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CudaLibrary {
+    /// libcudart: the runtime API (`cuda*`).
+    Runtime,
+    /// libcuda: the driver API (`cu*`).
+    Driver,
+}
+
+const RDI: &[Register] = &[Register::RDI];
+const NONE: &[Register] = &[];
+const ENTRY_ONLY: bool = false;
+const WITH_RETURN: bool = true;
+
+/// The probed functions, the argument registers their programs read, and
+/// whether their return is probed too.
+const TLS_FUNCTIONS: [(&str, &[Register], bool); 6] = [
+    ("SSL_read", &[Register::RDI, Register::RSI], WITH_RETURN),
+    ("SSL_write", &[Register::RDI, Register::RSI], WITH_RETURN),
+    ("SSL_read_ex", &ARG_REGISTERS, WITH_RETURN),
+    ("SSL_write_ex", &ARG_REGISTERS, WITH_RETURN),
+    // The handshake ties the SSL* to its socket before any data; SSL_free
+    // ends the connection. Optional: data works without.
+    ("SSL_do_handshake", RDI, WITH_RETURN),
+    ("SSL_free", RDI, ENTRY_ONLY),
+];
+const CUDA_RUNTIME_FUNCTIONS: [(&str, &[Register], bool); 6] = [
+    ("cudaLaunchKernel", NONE, ENTRY_ONLY),
+    ("cudaGraphLaunch", NONE, ENTRY_ONLY),
+    ("cudaMemcpyAsync", &[Register::RDX], ENTRY_ONLY),
+    ("cudaStreamSynchronize", RDI, WITH_RETURN),
+    ("cudaDeviceSynchronize", NONE, WITH_RETURN),
+    ("cudaEventSynchronize", RDI, WITH_RETURN),
+];
+const CUDA_DRIVER_FUNCTIONS: [(&str, &[Register], bool); 4] = [
+    ("cuLaunchKernel", NONE, ENTRY_ONLY),
+    ("cuLaunchKernelEx", NONE, ENTRY_ONLY),
+    ("cuStreamSynchronize", RDI, WITH_RETURN),
+    ("cuCtxSynchronize", NONE, WITH_RETURN),
+];
+
+/// One probe to attach: the function it stands for and where it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Site {
+    /// The API function whose calls the probe sees. When an internal
+    /// helper is probed instead (OpenSSL's `ssl_read_internal`), the `_ex`
+    /// function whose arguments the helper takes.
+    pub function: &'static str,
+    pub placement: Placement,
+    /// A return probe is attached at the same place.
+    pub return_probe: bool,
+}
+
 /// What a file offers to the probes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FileProbes {
-    /// OpenSSL data functions the file defines.
-    pub tls: Vec<&'static str>,
+    /// OpenSSL probe sites (empty: not an OpenSSL file).
+    pub tls: Vec<Site>,
     pub cuda: Option<CudaLibrary>,
+    /// CUDA probe sites of `cuda`.
+    pub cuda_sites: Vec<Site>,
     /// Names of the `llm:*` USDT probes in the file.
     pub usdt: Vec<String>,
 }
@@ -44,7 +100,8 @@ impl FileProbes {
     pub fn describe(&self) -> String {
         let mut parts = Vec::new();
         if !self.tls.is_empty() {
-            parts.push(format!("OpenSSL ({})", self.tls.join(", ")));
+            let functions: Vec<&str> = self.tls.iter().map(|s| s.function).collect();
+            parts.push(format!("OpenSSL ({})", functions.join(", ")));
         }
         match self.cuda {
             Some(CudaLibrary::Runtime) => parts.push("CUDA runtime".to_string()),
@@ -55,6 +112,11 @@ impl FileProbes {
             parts.push(format!("USDT llm:{{{}}}", self.usdt.join(",")));
         }
         parts.join("; ")
+    }
+
+    /// Every uprobe site (OpenSSL, then CUDA).
+    pub fn sites(&self) -> impl Iterator<Item = &Site> {
+        self.tls.iter().chain(&self.cuda_sites)
     }
 }
 
@@ -131,9 +193,58 @@ fn llm_usdt_probes(notes: &[u8]) -> Vec<String> {
     probes
 }
 
-/// Inspects one file: which probes it can take. Reads only the ELF
-/// headers, dynamic symbols and the USDT notes, not the whole file (CUDA
-/// and framework libraries are hundreds of megabytes).
+/// Sites for `functions` the file defines, each at its cheapest place.
+fn place_all<'d, R: object::ReadRef<'d>>(
+    code: &Code<'d, R>,
+    functions: &[(&'static str, &'static [Register], bool)],
+) -> Vec<Site> {
+    functions
+        .iter()
+        .filter_map(|&(function, reads, return_probe)| {
+            let needs = Needs {
+                return_probe,
+                reads,
+            };
+            code.place(function, needs).map(|placement| Site {
+                function,
+                placement,
+                return_probe,
+            })
+        })
+        .collect()
+}
+
+/// OpenSSL sites. The data functions go through the internal helpers when
+/// the file's bytes show the OpenSSL 1.1/3.0 pattern (`SSL_read` and
+/// `SSL_read_ex` first call one helper taking the `_ex` arguments, whose
+/// entry is an emulated `push`): one probe there covers both functions at
+/// emulated cost. Otherwise the exported functions are probed.
+fn tls_sites<'d, R: object::ReadRef<'d>>(code: &Code<'d, R>) -> Vec<Site> {
+    let mut sites = place_all(code, &TLS_FUNCTIONS);
+    let reads = sites.iter().any(|s| TLS_READ_SYMBOLS.contains(&s.function));
+    let writes = sites
+        .iter()
+        .any(|s| TLS_WRITE_SYMBOLS.contains(&s.function));
+    if !(reads && writes) {
+        return Vec::new();
+    }
+    for (ex, plain) in [("SSL_read_ex", "SSL_read"), ("SSL_write_ex", "SSL_write")] {
+        if let Some(placement) = code.shared_callee(ex, plain) {
+            sites.retain(|s| s.function != ex && s.function != plain);
+            sites.push(Site {
+                function: ex,
+                placement,
+                return_probe: true,
+            });
+        }
+    }
+    sites
+}
+
+/// Inspects one file: which probes it can take and where. Reads only the
+/// ELF headers, symbols, the USDT notes and the probed functions' first
+/// bytes, not the whole file (CUDA and framework libraries are hundreds of
+/// megabytes).
 pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
     let Ok(file) = std::fs::File::open(path) else {
         return FileProbes::default();
@@ -151,30 +262,24 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
     }
     let tls_candidate =
         name.starts_with("libssl.so") || name.starts_with("libssl3.so") || is_main_executable;
-    let cuda_candidate = name.starts_with("libcudart.so") || name.starts_with("libcuda.so");
-    if tls_candidate || cuda_candidate {
-        let defined: HashSet<String> = elf
-            .dynamic_symbols()
-            .filter(|sym| sym.is_definition())
-            .filter_map(|sym| sym.name().ok().map(str::to_string))
-            .collect();
-        if tls_candidate {
-            let tls: Vec<&'static str> = TLS_READ_SYMBOLS
-                .iter()
-                .chain(TLS_WRITE_SYMBOLS.iter())
-                .copied()
-                .filter(|s| defined.contains(*s))
-                .collect();
-            let reads = tls.iter().any(|s| TLS_READ_SYMBOLS.contains(s));
-            let writes = tls.iter().any(|s| TLS_WRITE_SYMBOLS.contains(s));
-            if reads && writes {
-                probes.tls = tls;
-            }
-        }
-        if name.starts_with("libcudart.so") && defined.contains("cudaLaunchKernel") {
-            probes.cuda = Some(CudaLibrary::Runtime);
-        } else if name.starts_with("libcuda.so") && defined.contains("cuLaunchKernel") {
-            probes.cuda = Some(CudaLibrary::Driver);
+    let code = Code::new(&elf, kernel_emulates_long_nops());
+    if tls_candidate {
+        probes.tls = tls_sites(&code);
+    }
+    let cuda = if name.starts_with("libcudart.so") {
+        Some((CudaLibrary::Runtime, &CUDA_RUNTIME_FUNCTIONS[..]))
+    } else if name.starts_with("libcuda.so") {
+        Some((CudaLibrary::Driver, &CUDA_DRIVER_FUNCTIONS[..]))
+    } else {
+        None
+    };
+    if let Some((library, functions)) = cuda {
+        let sites = place_all(&code, functions);
+        // The launch function identifies the library (a stub libcuda.so
+        // without it is not the driver).
+        if sites.iter().any(|s| s.function == functions[0].0) {
+            probes.cuda = Some(library);
+            probes.cuda_sites = sites;
         }
     }
     probes
@@ -214,43 +319,87 @@ pub fn find_probed_files(
     found
 }
 
+/// For which processes uprobes are attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UprobeScope {
+    /// Per traced process: breakpoints exist only in traced processes'
+    /// memory; attached for each process that maps a probed file.
+    #[default]
+    Traced,
+    /// Once per file for every process (pid -1): one attach per file, but
+    /// every process mapping the file takes each probe's trap, traced or
+    /// not (the pid filter runs after it). Opt-in.
+    AllProcesses,
+}
+
 /// Which traced processes use which probed file.
 #[derive(Debug, Default)]
 pub struct ProbedFiles {
+    scope: UprobeScope,
     inspected: HashMap<FileKey, FileProbes>,
     users: HashMap<FileKey, HashSet<u32>>,
 }
 
-/// What to do with the probes after a change in users.
+/// What to do with the probes after a change in users. `pid` None: for
+/// every process (`UprobeScope::AllProcesses`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FileChange {
-    Attach(ProbedFile),
-    Detach(FileKey),
+    Attach { pid: Option<u32>, file: ProbedFile },
+    Detach { pid: Option<u32>, key: FileKey },
 }
 
 impl ProbedFiles {
-    /// Re-reads `pid`'s maps; files not probed yet are to be attached.
+    pub fn new(scope: UprobeScope) -> Self {
+        Self {
+            scope,
+            ..Self::default()
+        }
+    }
+
+    /// Re-reads `pid`'s maps; files it was not probed in yet are to be
+    /// attached (for it, or for everyone on a file's first user).
     pub fn scan(&mut self, proc_root: &Path, pid: u32) -> Vec<FileChange> {
         let mut changes = Vec::new();
         for file in find_probed_files(proc_root, pid, &mut self.inspected) {
             let users = self.users.entry(file.key).or_default();
-            if users.is_empty() {
-                changes.push(FileChange::Attach(file));
+            let first_user = users.is_empty();
+            if !users.insert(pid) {
+                continue;
             }
-            users.insert(pid);
+            match self.scope {
+                UprobeScope::Traced => changes.push(FileChange::Attach {
+                    pid: Some(pid),
+                    file,
+                }),
+                UprobeScope::AllProcesses if first_user => {
+                    changes.push(FileChange::Attach { pid: None, file })
+                }
+                UprobeScope::AllProcesses => {}
+            }
         }
         changes
     }
 
-    /// `pid` exited: files no traced process uses any more are detached.
-    pub fn process_exited(&mut self, pid: u32) -> Vec<FileChange> {
+    /// `pid` exited or is no longer traced: its probes are detached (or a
+    /// file's, when no traced process uses it any more).
+    pub fn process_gone(&mut self, pid: u32) -> Vec<FileChange> {
         let mut changes = Vec::new();
-        self.users.retain(|key, users| {
-            if users.remove(&pid) && users.is_empty() {
-                changes.push(FileChange::Detach(*key));
-                return false;
+        let scope = self.scope;
+        self.users.retain(|&key, users| {
+            if !users.remove(&pid) {
+                return true;
             }
-            true
+            match scope {
+                UprobeScope::Traced => changes.push(FileChange::Detach {
+                    pid: Some(pid),
+                    key,
+                }),
+                UprobeScope::AllProcesses if users.is_empty() => {
+                    changes.push(FileChange::Detach { pid: None, key })
+                }
+                UprobeScope::AllProcesses => {}
+            }
+            !users.is_empty()
         });
         changes
     }
@@ -275,9 +424,20 @@ mod tests {
         let libssl = system_libssl()
             .expect("libssl.so.3 is installed on this machine (a dependency of python3/curl)");
         let probes = inspect(&libssl, false);
-        for name in ["SSL_read", "SSL_write", "SSL_read_ex", "SSL_write_ex"] {
-            assert!(probes.tls.contains(&name), "{name} missing from {probes:?}");
+        // Debian's OpenSSL 3.0: the four data functions through the two
+        // internal helpers, each at an emulated push, with return probes.
+        let data: Vec<&Site> = probes
+            .tls
+            .iter()
+            .filter(|s| s.function.starts_with("SSL_read") || s.function.starts_with("SSL_write"))
+            .collect();
+        assert_eq!(data.len(), 2, "{probes:#?}");
+        for site in data {
+            assert!(site.function.ends_with("_ex"), "{site:?}");
+            assert!(site.placement.emulated && site.return_probe, "{site:?}");
+            assert!(site.placement.at.contains("called by"), "{site:?}");
         }
+        assert!(probes.tls.iter().any(|s| s.function == "SSL_do_handshake"));
         assert_eq!(probes.cuda, None);
         // This test binary defines no SSL function and has no llm notes.
         let me = std::env::current_exe().expect("current exe");
@@ -326,19 +486,27 @@ mod tests {
             .read_line(&mut line)
             .expect("python prints ok");
         let pid = child.id();
-        let mut files = ProbedFiles::default();
+        let mut files = ProbedFiles::new(UprobeScope::Traced);
+        let mut global = ProbedFiles::new(UprobeScope::AllProcesses);
         let first = files.scan(Path::new("/proc"), pid);
+        // Two users of the same files: attached for everyone once.
+        let global_first = global.scan(Path::new("/proc"), pid);
+        let global_second = global.scan(Path::new("/proc"), std::process::id());
         let _ = child.kill();
         let _ = child.wait();
         let libssl: Vec<&ProbedFile> = first
             .iter()
             .filter_map(|c| match c {
-                FileChange::Attach(f) if !f.probes.tls.is_empty() => Some(f),
+                FileChange::Attach { pid: Some(p), file }
+                    if *p == pid && !file.probes.tls.is_empty() =>
+                {
+                    Some(file)
+                }
                 _ => None,
             })
             .collect();
         let [lib] = libssl.as_slice() else {
-            panic!("expected one OpenSSL file to attach, got {first:?}");
+            panic!("expected one OpenSSL file to attach for pid {pid}, got {first:?}");
         };
         assert!(lib.mapped_as.contains("libssl"), "{lib:?}");
         assert!(lib.path.starts_with(format!("/proc/{pid}/root")));
@@ -346,8 +514,18 @@ mod tests {
             files.scan(Path::new("/proc"), pid).is_empty(),
             "already attached: no second attach"
         );
-        assert!(files
-            .process_exited(pid)
-            .contains(&FileChange::Detach(lib.key)));
+        assert!(files.process_gone(pid).contains(&FileChange::Detach {
+            pid: Some(pid),
+            key: lib.key
+        }));
+        assert!(global_first
+            .iter()
+            .any(|c| matches!(c, FileChange::Attach { pid: None, file } if file.key == lib.key)));
+        assert!(
+            !global_second
+                .iter()
+                .any(|c| matches!(c, FileChange::Attach { file, .. } if file.key == lib.key)),
+            "libssl already attached for every process: {global_second:?}"
+        );
     }
 }

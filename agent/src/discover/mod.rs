@@ -5,6 +5,7 @@
 //! (uvicorn/gunicorn workers), so only exec and listen need handling here.
 
 pub mod libraries;
+pub mod placement;
 pub mod procfs;
 mod selector;
 

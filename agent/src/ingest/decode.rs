@@ -125,7 +125,9 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
                 Event::Close(event)
             })
         }
-        kind @ (tt_event_kind::TT_EVENT_EXEC | tt_event_kind::TT_EVENT_EXIT) => {
+        kind @ (tt_event_kind::TT_EVENT_EXEC
+        | tt_event_kind::TT_EVENT_EXIT
+        | tt_event_kind::TT_EVENT_FORK) => {
             let raw: tt_proc_event = read(record, "process record")?;
             let event = ProcEvent {
                 pid: raw.hdr.tgid,
@@ -135,10 +137,10 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
                 filename: comm(&raw.filename),
                 exit_code: raw.exit_code,
             };
-            Ok(if kind == tt_event_kind::TT_EVENT_EXEC {
-                Event::Exec(event)
-            } else {
-                Event::Exit(event)
+            Ok(match kind {
+                tt_event_kind::TT_EVENT_EXEC => Event::Exec(event),
+                tt_event_kind::TT_EVENT_FORK => Event::Fork(event),
+                _ => Event::Exit(event),
             })
         }
         tt_event_kind::TT_EVENT_LIB_MAPPED => {

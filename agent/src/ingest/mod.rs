@@ -4,6 +4,7 @@
 //! full), in decoding, and at the channel (consumer too slow).
 
 mod decode;
+mod wakeup;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -17,19 +18,25 @@ use tokio::sync::mpsc;
 
 pub use decode::{decode, DecodeError};
 
-use crate::discover::libraries::{FileKey, ProbedFile};
+use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
 use crate::event::Event;
 use crate::probes::{InferProbes, KernelCounters, ProbeSettings, SockProbes, TracedPids};
 
 /// Probe changes the ingest thread carries out: it owns the probes, so
-/// attaching happens there, between two polls.
+/// attaching happens there, between two reads of the ring buffer (the
+/// thread is woken for them).
 #[derive(Debug)]
 pub enum ProbeCommand {
-    /// Attach what the file offers (OpenSSL, CUDA, `llm:*` USDT).
-    Attach(ProbedFile),
-    /// Detach everything attached to the file.
-    Detach(FileKey),
+    /// Attach or detach uprobes, in order, in one batch: each attach takes
+    /// a kernel lock that stalls fork() system-wide, so they are not spread
+    /// over many wake-ups.
+    Files(Vec<FileChange>),
+    /// Answered once every command sent before it is carried out.
+    Barrier(std_mpsc::Sender<()>),
 }
+
+/// Uprobe links by (pid, file): pid None for links of every process.
+type FileLinks = HashMap<(Option<u32>, FileKey), Vec<libbpf_rs::Link>>;
 
 /// Counters of the userspace half of ingestion.
 #[derive(Debug, Default)]
@@ -40,6 +47,9 @@ pub struct IngestStats {
     pub decode_errors: AtomicU64,
     /// Events dropped because the consumer's channel was full.
     pub channel_drops: AtomicU64,
+    /// Uprobe and USDT links attached, and the time spent attaching them.
+    pub uprobe_links: AtomicU64,
+    pub uprobe_attach_ns: AtomicU64,
 }
 
 /// A running ingest thread and the handles to steer the probes it owns.
@@ -48,6 +58,7 @@ pub struct Ingest {
     pub kernel_counters: KernelCounters,
     pub stats: Arc<IngestStats>,
     commands: std_mpsc::Sender<ProbeCommand>,
+    wake: wakeup::Notifier,
     stop: Arc<AtomicBool>,
     /// Taken (and joined) by the first `stop`; shared so that stopping needs
     /// no exclusive borrow while the run loop holds the handles.
@@ -81,7 +92,7 @@ impl Ingest {
                 }
             })
             .context("spawning the ingest thread")?;
-        let (traced_pids, kernel_counters) = ready_rx
+        let (traced_pids, kernel_counters, wake) = ready_rx
             .recv()
             .map_err(|_| anyhow!("the ingest thread ended before the probes were attached"))??;
         Ok(Self {
@@ -89,23 +100,35 @@ impl Ingest {
             kernel_counters,
             stats,
             commands,
+            wake,
             stop,
             thread: std::sync::Mutex::new(Some(thread)),
         })
     }
 
-    /// Queues a probe change for the ingest thread (done within one poll
-    /// interval). A stopped thread ignores it.
+    /// Queues a probe change for the ingest thread and wakes it. A stopped
+    /// thread ignores it.
     pub fn command(&self, command: ProbeCommand) {
         if self.commands.send(command).is_err() {
             tracing::debug!("ingest thread gone: probe command dropped");
         }
+        self.wake.notify();
+    }
+
+    /// Waits until every probe command queued so far is carried out (at
+    /// most `timeout`): whatever they attached is in place on return.
+    pub fn wait_for_commands(&self, timeout: Duration) -> Result<()> {
+        let (done, wait) = std_mpsc::channel();
+        self.command(ProbeCommand::Barrier(done));
+        wait.recv_timeout(timeout)
+            .map_err(|_| anyhow!("the ingest thread did not attach the probes within {timeout:?}"))
     }
 
     /// Stops polling after a last read of the ring buffer (whose events are
     /// still sent), and detaches the probes.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
+        self.wake.notify();
         let thread = self.thread.lock().ok().and_then(|mut slot| slot.take());
         if let Some(thread) = thread {
             if thread.join().is_err() {
@@ -121,7 +144,7 @@ impl Drop for Ingest {
     }
 }
 
-type Ready = Result<(TracedPids, KernelCounters)>;
+type Ready = Result<(TracedPids, KernelCounters, wakeup::Notifier)>;
 
 /// The ingest thread's ends of its channels.
 struct Channels<'a> {
@@ -137,8 +160,9 @@ struct Probes {
     infer: Option<InferProbes>,
 }
 
-/// Attaches what `file` offers; failures of one kind do not stop the others.
-fn attach_file(probes: &Probes, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
+/// Attaches what `file` offers for `pid` (None: every process); failures
+/// of one kind do not stop the others.
+fn attach_file(probes: &Probes, pid: Option<u32>, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
     let mut links = Vec::new();
     let mut attached = Vec::new();
     let mut add = |kind: &str, result: Result<Vec<libbpf_rs::Link>>| match result {
@@ -149,10 +173,16 @@ fn attach_file(probes: &Probes, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
         Err(err) => tracing::warn!("{kind}: cannot probe {}: {err:#}", file.mapped_as),
     };
     if !file.probes.tls.is_empty() {
-        add("OpenSSL", probes.sock.attach_tls(&file.path));
+        add(
+            "OpenSSL",
+            probes.sock.attach_tls(pid, &file.path, &file.probes.tls),
+        );
     }
     match (&probes.infer, file.probes.cuda) {
-        (Some(infer), Some(library)) => add("CUDA", infer.attach_cuda(&file.path, library)),
+        (Some(infer), Some(_)) => add(
+            "CUDA",
+            infer.attach_cuda(pid, &file.path, &file.probes.cuda_sites),
+        ),
         (None, Some(_)) => {
             tracing::debug!("{}: CUDA library, but no inference probes", file.mapped_as)
         }
@@ -160,32 +190,64 @@ fn attach_file(probes: &Probes, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
     }
     if !file.probes.usdt.is_empty() {
         if let Some(infer) = &probes.infer {
-            add("USDT llm", infer.attach_usdt(&file.path, &file.probes.usdt));
+            add(
+                "USDT llm",
+                infer.attach_usdt(pid, &file.path, &file.probes.usdt),
+            );
         }
     }
     if !attached.is_empty() {
-        tracing::info!("probing {}: {}", file.mapped_as, attached.join(", "));
+        let whom = pid.map_or("every process".to_string(), |p| format!("pid {p}"));
+        tracing::info!(
+            "probing {} for {whom}: {}",
+            file.mapped_as,
+            attached.join(", ")
+        );
     }
     links
 }
 
-/// Carries out a probe command; the links of attached files live in
-/// `file_links` until detached.
+/// Carries out a probe command; attached links live in `file_links` until
+/// detached.
 fn apply_command(
     probes: &Probes,
     command: ProbeCommand,
-    file_links: &mut HashMap<FileKey, Vec<libbpf_rs::Link>>,
+    file_links: &mut FileLinks,
+    stats: &IngestStats,
 ) {
     match command {
-        ProbeCommand::Attach(file) => {
-            if let std::collections::hash_map::Entry::Vacant(slot) = file_links.entry(file.key) {
-                slot.insert(attach_file(probes, &file));
+        ProbeCommand::Files(changes) => {
+            for change in changes {
+                match change {
+                    FileChange::Attach { pid, file } => {
+                        if let std::collections::hash_map::Entry::Vacant(slot) =
+                            file_links.entry((pid, file.key))
+                        {
+                            let started = std::time::Instant::now();
+                            let links = attach_file(probes, pid, &file);
+                            let elapsed =
+                                u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                            stats.uprobe_attach_ns.fetch_add(elapsed, Ordering::Relaxed);
+                            stats
+                                .uprobe_links
+                                .fetch_add(links.len() as u64, Ordering::Relaxed);
+                            slot.insert(links);
+                        }
+                    }
+                    FileChange::Detach { pid, key } => {
+                        // Dropping the links detaches them (see run_thread's
+                        // end for why USDT links are dropped on this thread).
+                        if file_links.remove(&(pid, key)).is_some() {
+                            let whom =
+                                pid.map_or("every process".to_string(), |p| format!("pid {p}"));
+                            tracing::debug!("detached file {key:?} for {whom}");
+                        }
+                    }
+                }
             }
         }
-        ProbeCommand::Detach(key) => {
-            if file_links.remove(&key).is_some() {
-                tracing::info!("detached from file {key:?}: no traced process uses it");
-            }
+        ProbeCommand::Barrier(done) => {
+            let _ = done.send(());
         }
     }
 }
@@ -238,35 +300,37 @@ fn run_thread(
         }
         0
     });
-    let ring = match (handles, ring) {
-        (Ok(handles), Ok(ring)) => {
-            if ready.send(Ok(handles)).is_err() {
+    let waiting = ring.as_ref().ok().map(|ring| {
+        wakeup::Wakeup::new(ring.epoll_fd()).context("creating the ingest thread's wake-up")
+    });
+    let (ring, wakeup) = match (handles, ring, waiting) {
+        (Ok((pids, counters)), Ok(ring), Some(Ok((wakeup, notifier)))) => {
+            if ready.send(Ok((pids, counters, notifier))).is_err() {
                 return;
             }
-            ring
+            (ring, wakeup)
         }
-        (Err(err), _) | (_, Err(err)) => {
+        (Err(err), _, _) | (_, Err(err), _) | (_, _, Some(Err(err))) => {
             let _ = ready.send(Err(err));
             return;
         }
+        (_, _, None) => return,
     };
 
-    let mut file_links = HashMap::new();
+    let mut file_links = FileLinks::new();
     loop {
-        // Read before polling: the last pass after a stop request still
+        // Read before waiting: the last pass after a stop request still
         // drains the ring, so nothing already recorded is lost at exit.
         let stopping = stop.load(Ordering::Relaxed);
         for command in commands.try_iter() {
-            apply_command(&probes, command, &mut file_links);
+            apply_command(&probes, command, &mut file_links, stats);
         }
         if !stopping {
-            // Wakes early only when the kernel forced a wake-up (a full
-            // batch, or a lifecycle event).
-            if let Err(err) = ring.poll(poll_interval) {
-                if err.kind() != libbpf_rs::ErrorKind::Interrupted {
-                    tracing::error!("polling the ring buffer failed: {err}");
-                    break;
-                }
+            // Wakes early when the kernel forced a wake-up (a full batch, or
+            // a lifecycle event) or a probe command came.
+            if let Err(err) = wakeup.wait(poll_interval) {
+                tracing::error!("waiting for the ring buffer failed: {err}");
+                break;
             }
         }
         // Records written with BPF_RB_NO_WAKEUP raise no epoll event, so a

@@ -9,11 +9,13 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, OpenObject, UprobeOpts, UsdtOpts};
+use libbpf_rs::{Link, MapCore, OpenObject, UsdtOpts};
 use tokentrace_probes::infer::types::tt_llm_probe;
 use tokentrace_probes::infer::{InferSkel, InferSkelBuilder};
 
+use super::attach_site;
 use super::sock::SockProbes;
+use crate::discover::libraries::Site;
 
 /// The `llm` provider's probe names with the cookie the program reads to
 /// tell them apart.
@@ -27,15 +29,6 @@ pub const LLM_PROBES: [(&str, tt_llm_probe); 8] = [
     ("request_end", tt_llm_probe::TT_LLM_REQUEST_END),
     ("batch_step", tt_llm_probe::TT_LLM_BATCH_STEP),
 ];
-
-/// Which CUDA library a file is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CudaLibrary {
-    /// libcudart: the runtime API (`cuda*`).
-    Runtime,
-    /// libcuda: the driver API (`cu*`).
-    Driver,
-}
 
 /// Loaded inference probes; the sched_switch program is attached at load.
 pub struct InferProbes {
@@ -87,9 +80,17 @@ impl InferProbes {
     }
 
     /// Attaches the `llm:*` probes `file` defines (names from its
-    /// `.note.stapsdt`), for every process using the file; libbpf honours
-    /// USDT semaphores.
-    pub fn attach_usdt(&self, file: &Path, probes: &[String]) -> Result<Vec<Link>> {
+    /// `.note.stapsdt`) for `pid` (None: every process using the file);
+    /// libbpf honours USDT semaphores. USDT sites are `nop`s: emulated.
+    pub fn attach_usdt(
+        &self,
+        pid: Option<u32>,
+        file: &Path,
+        probes: &[String],
+    ) -> Result<Vec<Link>> {
+        let pid = pid
+            .map_or(Ok(-1), i32::try_from)
+            .context("pid out of range")?;
         let mut links = Vec::new();
         for (name, cookie) in LLM_PROBES {
             if !probes.iter().any(|p| p == name) {
@@ -103,7 +104,7 @@ impl InferProbes {
                 .skel
                 .progs
                 .llm_probe
-                .attach_usdt_with_opts(-1, file, "llm", name, opts)
+                .attach_usdt_with_opts(pid, file, "llm", name, opts)
             {
                 Ok(link) => links.push(link),
                 Err(err) => tracing::warn!("USDT llm:{name} in {}: {err}", file.display()),
@@ -115,45 +116,37 @@ impl InferProbes {
         Ok(links)
     }
 
-    /// Attaches the CUDA uprobes to a libcudart or libcuda file.
-    pub fn attach_cuda(&self, file: &Path, library: CudaLibrary) -> Result<Vec<Link>> {
+    /// Attaches the CUDA uprobes at `sites` of a libcudart or libcuda file
+    /// for `pid` (None: every process).
+    pub fn attach_cuda(&self, pid: Option<u32>, file: &Path, sites: &[Site]) -> Result<Vec<Link>> {
         let progs = &self.skel.progs;
-        let probes: &[(&str, &libbpf_rs::ProgramMut<'_>, bool)] = match library {
-            CudaLibrary::Runtime => &[
-                ("cudaLaunchKernel", &progs.cuda_launch_kernel, false),
-                ("cudaGraphLaunch", &progs.cuda_graph_launch, false),
-                ("cudaMemcpyAsync", &progs.cuda_memcpy_async, false),
-                ("cudaStreamSynchronize", &progs.cuda_stream_sync, false),
-                ("cudaStreamSynchronize", &progs.cuda_sync_exit, true),
-                ("cudaDeviceSynchronize", &progs.cuda_device_sync, false),
-                ("cudaDeviceSynchronize", &progs.cuda_sync_exit, true),
-                ("cudaEventSynchronize", &progs.cuda_event_sync, false),
-                ("cudaEventSynchronize", &progs.cuda_sync_exit, true),
-            ],
-            CudaLibrary::Driver => &[
-                ("cuLaunchKernel", &progs.cuda_launch_kernel, false),
-                ("cuLaunchKernelEx", &progs.cuda_launch_kernel, false),
-                ("cuStreamSynchronize", &progs.cu_stream_sync, false),
-                ("cuStreamSynchronize", &progs.cuda_sync_exit, true),
-                ("cuCtxSynchronize", &progs.cu_ctx_sync, false),
-                ("cuCtxSynchronize", &progs.cuda_sync_exit, true),
-            ],
-        };
         let mut links = Vec::new();
-        for &(symbol, program, retprobe) in probes {
-            let opts = UprobeOpts {
-                func_name: Some(symbol.to_string()),
-                retprobe,
-                ..UprobeOpts::default()
+        for site in sites {
+            let program = match site.function {
+                "cudaLaunchKernel" | "cuLaunchKernel" | "cuLaunchKernelEx" => {
+                    &progs.cuda_launch_kernel
+                }
+                "cudaGraphLaunch" => &progs.cuda_graph_launch,
+                "cudaMemcpyAsync" => &progs.cuda_memcpy_async,
+                "cudaStreamSynchronize" => &progs.cuda_stream_sync,
+                "cudaDeviceSynchronize" => &progs.cuda_device_sync,
+                "cudaEventSynchronize" => &progs.cuda_event_sync,
+                "cuStreamSynchronize" => &progs.cu_stream_sync,
+                "cuCtxSynchronize" => &progs.cu_ctx_sync,
+                other => {
+                    tracing::debug!("no CUDA program for {other}");
+                    continue;
+                }
             };
-            match program.attach_uprobe_with_opts(-1, file, 0, opts) {
-                Ok(link) => links.push(link),
-                Err(err) => tracing::debug!("{symbol} in {}: not probed: {err}", file.display()),
+            let exit = site.return_probe.then_some(&progs.cuda_sync_exit);
+            match attach_site(program, exit, site, pid, file) {
+                Ok(site_links) => links.extend(site_links),
+                Err(err) => tracing::debug!("{}: not probed: {err:#}", site.function),
             }
         }
         if links.is_empty() {
             bail!(
-                "{} defines none of the probed CUDA functions",
+                "{}: none of the CUDA functions could be probed",
                 file.display()
             );
         }

@@ -1,15 +1,54 @@
 //! Loading and attaching the kernel probes: the only module that talks to
 //! libbpf.
 
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::discover::libraries::Site;
+
 mod host;
 mod infer;
 mod sock;
 
 pub use host::{ensure_tracefs, route_libbpf_logs, TracefsState};
-pub use infer::{CudaLibrary, InferProbes, LLM_PROBES};
+pub use infer::{InferProbes, LLM_PROBES};
 pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
 };
+
+/// Attaches `entry` (and `exit` as a return probe) at `site` of `path`, for
+/// `pid` (None: every process mapping the file). The file offset comes from
+/// the agent's own ELF reading (`discover::placement`): no symbol lookup
+/// by libbpf per attach.
+pub(crate) fn attach_site(
+    entry: &libbpf_rs::ProgramMut<'_>,
+    exit: Option<&libbpf_rs::ProgramMut<'_>>,
+    site: &Site,
+    pid: Option<u32>,
+    path: &Path,
+) -> Result<Vec<libbpf_rs::Link>> {
+    let pid = pid
+        .map_or(Ok(-1), i32::try_from)
+        .context("pid out of range")?;
+    let offset = usize::try_from(site.placement.file_offset).context("file offset out of range")?;
+    let mut links = Vec::with_capacity(2);
+    for (program, retprobe) in [(Some(entry), false), (exit, true)] {
+        let Some(program) = program else { continue };
+        let opts = libbpf_rs::UprobeOpts {
+            retprobe,
+            ..libbpf_rs::UprobeOpts::default()
+        };
+        let link = program
+            .attach_uprobe_with_opts(pid, path, offset, opts)
+            .with_context(|| {
+                let kind = if retprobe { "return probe" } else { "probe" };
+                format!("{kind} on {} at {}", site.function, site.placement.at)
+            })?;
+        links.push(link);
+    }
+    Ok(links)
+}
 
 /// Detaches `links` concurrently. Closing a tracepoint or uprobe perf event
 /// waits for RCU grace periods in the kernel; one after the other, the

@@ -2,11 +2,15 @@
 //! handles userspace keeps to steer it (pid filter) and read its counters.
 
 use std::mem::MaybeUninit;
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 use tokentrace_probes::sock::{types, SockSkel, SockSkelBuilder};
+
+use super::attach_site;
+use crate::discover::libraries::Site;
 
 /// Largest payload prefix the kernel side can copy (`MAX_CAPTURE` in events.h).
 pub const MAX_CAPTURE_BYTES: u32 = 16384;
@@ -25,6 +29,11 @@ pub struct ProbeSettings {
     pub agent_pid: u32,
     /// Shortest off-CPU interval or send-queue hold the probes report.
     pub min_interval_ns: u64,
+    /// Report every exec on the host (selection by executable or name),
+    /// not only traced processes'.
+    pub report_all_execs: bool,
+    /// Report every listen() on the host (selection by port, automatic).
+    pub report_listens: bool,
 }
 
 /// Loaded and attached socket probes. Dropping it detaches every program.
@@ -55,6 +64,8 @@ impl SockProbes {
         rodata.wakeup_bytes = settings.wakeup_bytes;
         rodata.agent_tgid = settings.agent_pid;
         rodata.hold_min_ns = settings.min_interval_ns;
+        rodata.report_all_execs = settings.report_all_execs;
+        rodata.report_listens = settings.report_listens;
 
         let cpus = libbpf_rs::num_possible_cpus().context("counting possible CPUs")?;
         let cpus = u32::try_from(cpus).context("CPU count does not fit u32")?;
@@ -73,7 +84,7 @@ impl SockProbes {
         )?;
         let mut links = Vec::new();
         // Every tracepoint program; the OpenSSL uprobes are attached per
-        // library file later.
+        // process and library file later.
         for program in skel.object_mut().progs_mut() {
             let section = program.section().to_string_lossy();
             if section.starts_with("tracepoint/") || section.starts_with("tp_btf/") {
@@ -158,6 +169,9 @@ pub struct KernelLosses {
     pub ringbuf_drops: u64,
     /// Data records skipped because the per-CPU staging slot was missing.
     pub scratch_misses: u64,
+    /// Forked children of traced processes the full pid filter could not
+    /// take (untraced).
+    pub traced_full: u64,
 }
 
 impl KernelCounters {
@@ -172,108 +186,44 @@ impl KernelCounters {
         Ok(KernelLosses {
             ringbuf_drops: counters.ringbuf_drops,
             scratch_misses: counters.scratch_misses,
+            traced_full: counters.traced_full,
         })
     }
 }
 
-/// One probe of the TLS set: an exported function and the program run on
-/// its entry or return.
-struct TlsProbe {
-    symbol: &'static str,
-    retprobe: bool,
-}
-
-const TLS_PROBES: [TlsProbe; 11] = [
-    TlsProbe {
-        symbol: "SSL_read",
-        retprobe: false,
-    },
-    TlsProbe {
-        symbol: "SSL_read",
-        retprobe: true,
-    },
-    TlsProbe {
-        symbol: "SSL_write",
-        retprobe: false,
-    },
-    TlsProbe {
-        symbol: "SSL_write",
-        retprobe: true,
-    },
-    TlsProbe {
-        symbol: "SSL_read_ex",
-        retprobe: false,
-    },
-    TlsProbe {
-        symbol: "SSL_read_ex",
-        retprobe: true,
-    },
-    TlsProbe {
-        symbol: "SSL_write_ex",
-        retprobe: false,
-    },
-    TlsProbe {
-        symbol: "SSL_write_ex",
-        retprobe: true,
-    },
-    // Lifecycle: the handshake ties the SSL* to its socket before any
-    // data; SSL_free ends the connection. Optional: data works without.
-    TlsProbe {
-        symbol: "SSL_do_handshake",
-        retprobe: false,
-    },
-    TlsProbe {
-        symbol: "SSL_do_handshake",
-        retprobe: true,
-    },
-    TlsProbe {
-        symbol: "SSL_free",
-        retprobe: false,
-    },
-];
-
 impl SockProbes {
-    /// Attaches the OpenSSL probes to `path` for every process (the pid
-    /// filter runs in the programs). Returns the links; dropping them
-    /// detaches. A function the file does not define is skipped (OpenSSL
-    /// 1.0 has no `_ex` variants); it is an error only if no data function
-    /// could be probed.
-    pub fn attach_tls(&self, path: &std::path::Path) -> Result<Vec<libbpf_rs::Link>> {
-        use libbpf_rs::UprobeOpts;
+    /// Attaches the OpenSSL probes at `sites` of `path` for `pid` (None:
+    /// every process). Returns the links; dropping them detaches. It is an
+    /// error only if no data function could be probed.
+    pub fn attach_tls(&self, pid: Option<u32>, path: &Path, sites: &[Site]) -> Result<Vec<Link>> {
         let progs = &self.skel.progs;
         let mut links = Vec::new();
         let mut data_probes = 0;
-        for probe in &TLS_PROBES {
-            let program = match (probe.symbol, probe.retprobe) {
-                (_, true) => &progs.ssl_exit,
-                ("SSL_read", false) => &progs.ssl_read_enter,
-                ("SSL_write", false) => &progs.ssl_write_enter,
-                ("SSL_read_ex", false) => &progs.ssl_read_ex_enter,
-                ("SSL_write_ex", false) => &progs.ssl_write_ex_enter,
-                ("SSL_do_handshake", false) => &progs.ssl_handshake_enter,
-                _ => &progs.ssl_free_enter,
-            };
-            let opts = UprobeOpts {
-                func_name: Some(probe.symbol.to_string()),
-                retprobe: probe.retprobe,
-                ..UprobeOpts::default()
-            };
-            match program.attach_uprobe_with_opts(-1, path, 0, opts) {
-                Ok(link) => {
-                    if probe.symbol.starts_with("SSL_read") || probe.symbol.starts_with("SSL_write")
-                    {
-                        data_probes += 1;
-                    }
-                    links.push(link);
+        for site in sites {
+            let (program, data) = match site.function {
+                "SSL_read" => (&progs.ssl_read_enter, true),
+                "SSL_write" => (&progs.ssl_write_enter, true),
+                "SSL_read_ex" => (&progs.ssl_read_ex_enter, true),
+                "SSL_write_ex" => (&progs.ssl_write_ex_enter, true),
+                "SSL_do_handshake" => (&progs.ssl_handshake_enter, false),
+                "SSL_free" => (&progs.ssl_free_enter, false),
+                other => {
+                    tracing::debug!("no OpenSSL program for {other}");
+                    continue;
                 }
-                Err(err) => {
-                    tracing::debug!("{} in {}: not probed: {err}", probe.symbol, path.display())
+            };
+            let exit = site.return_probe.then_some(&progs.ssl_exit);
+            match attach_site(program, exit, site, pid, path) {
+                Ok(site_links) => {
+                    data_probes += usize::from(data);
+                    links.extend(site_links);
                 }
+                Err(err) => tracing::debug!("{}: not probed: {err:#}", site.function),
             }
         }
         if data_probes == 0 {
             anyhow::bail!(
-                "{} defines none of SSL_read/SSL_write/SSL_read_ex/SSL_write_ex",
+                "{}: none of SSL_read/SSL_write/SSL_read_ex/SSL_write_ex could be probed",
                 path.display()
             );
         }

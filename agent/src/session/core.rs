@@ -308,6 +308,7 @@ impl SessionCore {
             | Event::Close(_)
             | Event::Exec(_)
             | Event::Exit(_)
+            | Event::Fork(_)
             | Event::Listen(_)
             | Event::LibraryMapped(_) => {}
         }

@@ -516,7 +516,7 @@ fn event_pid(event: &Event) -> u32 {
     match event {
         Event::Data(d) => d.conn.pid,
         Event::Accept(c) | Event::Close(c) => c.conn.pid,
-        Event::Exec(p) | Event::Exit(p) => p.pid,
+        Event::Exec(p) | Event::Exit(p) | Event::Fork(p) => p.pid,
         Event::Listen(l) => l.pid,
         Event::LibraryMapped(m) => m.pid,
         Event::Usdt(u) => u.pid,
@@ -581,6 +581,12 @@ impl Scope {
                 decided.insert(pid, true);
             }
             Event::Exit(_) => return decided.remove(&pid).unwrap_or(false),
+            // A child belongs where its parent does.
+            Event::Fork(f) => {
+                if let Some(&parent) = decided.get(&f.ppid) {
+                    decided.insert(pid, parent);
+                }
+            }
             _ => {}
         }
         if let Some(&known) = decided.get(&pid) {

@@ -77,7 +77,10 @@ pub struct Header {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Event {
-    #[prost(oneof = "event_kind::Kind", tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11")]
+    #[prost(
+        oneof = "event_kind::Kind",
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
+    )]
     pub kind: Option<event_kind::Kind>,
 }
 
@@ -106,6 +109,8 @@ pub mod event_kind {
         OffCpu(super::OffCpu),
         #[prost(message, tag = "11")]
         SendHold(super::SendHold),
+        #[prost(message, tag = "12")]
+        Fork(super::Proc),
     }
 }
 
@@ -625,6 +630,7 @@ impl From<&event::Event> for Event {
             event::Event::Close(c) => Kind::Close(conn_event(c)),
             event::Event::Exec(p) => Kind::Exec(proc_event(p)),
             event::Event::Exit(p) => Kind::Exit(proc_event(p)),
+            event::Event::Fork(p) => Kind::Fork(proc_event(p)),
             event::Event::Listen(l) => Kind::Listen(Listen {
                 pid: l.pid,
                 comm: l.comm.clone(),
@@ -707,6 +713,7 @@ impl TryFrom<Event> for event::Event {
             Kind::Close(c) => event::Event::Close(from_conn_event(c)?),
             Kind::Exec(p) => event::Event::Exec(from_proc_event(p)),
             Kind::Exit(p) => event::Event::Exit(from_proc_event(p)),
+            Kind::Fork(p) => event::Event::Fork(from_proc_event(p)),
             Kind::Listen(l) => event::Event::Listen(event::ListenEvent {
                 pid: l.pid,
                 comm: l.comm,
@@ -948,6 +955,14 @@ mod tests {
             ts: 8,
             filename: String::new(),
             exit_code: 9,
+        }));
+        events.push(event::Event::Fork(event::ProcEvent {
+            pid: 6,
+            ppid: 5,
+            comm: "python3".into(),
+            ts: 8,
+            filename: String::new(),
+            exit_code: 0,
         }));
         events.push(event::Event::Listen(event::ListenEvent {
             pid: 5,

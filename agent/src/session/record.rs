@@ -157,6 +157,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         duration: Some(args.duration),
         config: args.config.clone(),
         capture_bytes: args.capture_bytes,
+        uprobes_all_processes: false,
         export: Box::default(),
         k8s: Box::default(),
         control: Box::new(ControlArgs {

@@ -111,6 +111,7 @@ impl Stitcher {
             // CLOEXEC, which brings close events); the others are not data
             // (the explainer uses the inference ones).
             Event::Exec(_)
+            | Event::Fork(_)
             | Event::Listen(_)
             | Event::LibraryMapped(_)
             | Event::Usdt(_)

@@ -47,6 +47,10 @@ enum tt_event_kind {
 	TT_EVENT_CUDA_SYNC = 10,
 	TT_EVENT_OFFCPU = 11,
 	TT_EVENT_NAGLE = 12,
+	/* A traced process forked a child (traced from then on by the kernel):
+	 * the agent attaches the child's uprobes, which a fork does not copy.
+	 * Uses tt_proc_event: hdr.tgid is the child, ppid the parent. */
+	TT_EVENT_FORK = 13,
 };
 
 /* The `llm` USDT provider's probes (instrument/README.md has the argument
@@ -153,8 +157,9 @@ struct tt_conn_event {
 	struct tt_sock_addrs addrs;
 };
 
-/* listen() succeeded on a TCP socket (any process): lets the agent pick up
- * servers that start after it, by port or as LLM-endpoint candidates. */
+/* listen() was called on a TCP socket (any process, when the agent selects
+ * by port or automatically): lets the agent pick up servers that start
+ * after it, by port or as LLM-endpoint candidates. */
 struct tt_listen_event {
 	struct tt_event_header hdr;
 	__u16 port;
@@ -162,7 +167,8 @@ struct tt_listen_event {
 	__u32 _pad;
 };
 
-/* A process exec'd (any process) or a traced process exited. */
+/* A process exec'd (a traced one, or any when the agent selects by
+ * executable or name), a traced process exited or forked. */
 struct tt_proc_event {
 	struct tt_event_header hdr;
 	__u32 ppid;

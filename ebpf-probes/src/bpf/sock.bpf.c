@@ -26,8 +26,15 @@ const volatile __u32 capture_bytes = 8192;
  * bytes for microseconds all the time under load). */
 const volatile __u64 hold_min_ns = 1000000;
 
+/* What the agent selects processes by: only then do all execs / listens
+ * on the host produce records. */
+const volatile bool report_all_execs = false;
+const volatile bool report_listens = false;
+
 /* Data records skipped because the per-CPU staging slot was missing. */
 __u64 scratch_misses = 0;
+/* Forked children of traced processes that did not fit in traced_tgids. */
+__u64 traced_full = 0;
 
 /* Arguments of an in-flight syscall, from sys_enter to sys_exit. */
 struct io_args {
@@ -468,39 +475,19 @@ int enter_close(struct trace_event_raw_sys_enter *ctx)
 	return emit_conn(TT_EVENT_CLOSE, ARG(0));
 }
 
-/* listen() is rare: watched in every process so servers started after the
- * agent are found by port or as candidates. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
-	__type(key, __u64);
-	__type(value, __s32);
-} listen_fds SEC(".maps");
-
+/* listen() is rare; it is watched in every process only when the agent
+ * selects by port or automatically (`report_listens`), so servers started
+ * after it are found. Read at entry: the port is bound by then (a listen
+ * that autobinds reports port 0, a failing one is reported anyway; both
+ * only make the agent look at a process). */
 SEC("tracepoint/syscalls/sys_enter_listen")
 int enter_listen(struct trace_event_raw_sys_enter *ctx)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__s32 fd = ARG(0);
-
-	bpf_map_update_elem(&listen_fds, &pid_tgid, &fd, BPF_ANY);
-	return 0;
-}
-
-SEC("tracepoint/syscalls/sys_exit_listen")
-int exit_listen(struct trace_event_raw_sys_exit *ctx)
-{
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	__s32 *fdp = bpf_map_lookup_elem(&listen_fds, &pid_tgid);
 	__u64 ino = 0;
 
-	if (!fdp)
+	if (!report_listens || (bpf_get_current_pid_tgid() >> 32) == agent_tgid)
 		return 0;
-	__s32 fd = *fdp;
-	bpf_map_delete_elem(&listen_fds, &pid_tgid);
-	if (ctx->ret != 0 || (pid_tgid >> 32) == agent_tgid)
-		return 0;
-	struct sock *sk = tcp_sock_of_fd(fd, &ino);
+	struct sock *sk = tcp_sock_of_fd(ARG(0), &ino);
 	if (!sk)
 		return 0;
 	struct tt_listen_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -518,9 +505,14 @@ int exit_listen(struct trace_event_raw_sys_exit *ctx)
 
 /* ---- process lifecycle --------------------------------------------------- */
 
+/* Execs are reported for traced processes (their mappings change), and
+ * for every process only when the agent selects by executable or name
+ * (`report_all_execs`): otherwise an untraced exec costs one lookup. */
 SEC("tracepoint/sched/sched_process_exec")
 int on_exec(struct trace_event_raw_sched_process_exec *ctx)
 {
+	if (!report_all_execs && !is_traced(bpf_get_current_pid_tgid() >> 32))
+		return 0;
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
@@ -538,7 +530,9 @@ int on_exec(struct trace_event_raw_sched_process_exec *ctx)
 }
 
 /* A child process of a traced process is traced from its first instruction
- * (uvicorn/gunicorn workers are forked after the parent listened). */
+ * (uvicorn/gunicorn workers are forked after the parent listened). Its
+ * uprobes are not: a fork copies the parent's breakpoints but not the
+ * probes, so the agent is told and attaches them for the child. */
 SEC("tp_btf/sched_process_fork")
 int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
@@ -550,7 +544,20 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 		return 0; /* a new thread, already covered by its tgid */
 	if (!is_traced(parent_tgid))
 		return 0;
-	bpf_map_update_elem(&traced_tgids, &child_tgid, &one, BPF_ANY);
+	if (bpf_map_update_elem(&traced_tgids, &child_tgid, &one, BPF_ANY))
+		__sync_fetch_and_add(&traced_full, 1);
+	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_FORK);
+	e->hdr.tgid = child_tgid;
+	e->hdr.tid = child_tgid;
+	e->ppid = parent_tgid;
+	e->exit_code = 0;
+	e->filename[0] = 0;
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
 }
 
@@ -578,8 +585,12 @@ int on_exit(struct trace_event_raw_sched_process_template *ctx)
 }
 
 /* ---- OpenSSL uprobes ----------------------------------------------------
- * Attached by the agent once per libssl file (or executable that exports
- * the symbols), for every process: the pid filter runs first. */
+ * Attached by the agent per traced process (so untraced processes mapping
+ * the same libssl take no breakpoint), on the exported functions or on the
+ * internal helpers they share (OpenSSL 1.1/3.0 `ssl_read_internal` and
+ * `ssl_write_internal`, which take the `_ex` arguments and start with an
+ * emulated push). The pid filter still runs first: the opt-in global mode
+ * attaches them for every process. */
 
 static __always_inline int ssl_enter(struct pt_regs *ctx, __u8 call, __u8 direction, bool ex)
 {
@@ -650,8 +661,10 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	if (c.call == TT_IO_SSL_HANDSHAKE)
 		return 0;
 	if (c.out_len) {
-		/* _ex: 1 on success, the byte count in *out_len. */
-		if (rc != 1 || bpf_probe_read_user(&len, sizeof(len), (void *)c.out_len))
+		/* _ex, and the internal helpers with their arguments: > 0 on
+		 * success (the helpers may return other positive values), the
+		 * byte count in *out_len. */
+		if (rc <= 0 || bpf_probe_read_user(&len, sizeof(len), (void *)c.out_len))
 			return 0;
 	} else {
 		if (rc <= 0)
