@@ -18,6 +18,11 @@ and a client that reads them as fast as it can.
       event and one SSL_read_ex of it. Prints READY <pid>, waits for a line
       on stdin (time to attach a tracer), runs S seconds, prints one JSON line
       {"iterations", "seconds", "ssl_calls", "ssl_calls_per_s"}.
+  python3 tests/bench/sse_flood.py write-loop --seconds S
+      Small socket writes alone: one thread send()s 16 bytes at a time on a
+      loopback TCP connection whose other end a second thread drains.
+      Prints READY <pid>, waits for a line on stdin, runs S seconds, prints
+      one JSON line {"writes", "seconds", "writes_per_s"}.
 Stdlib only; loopback only; bounded by --seconds.
 """
 
@@ -205,6 +210,36 @@ def ssl_loop(args):
     }), flush=True)
 
 
+def write_loop(args):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    out = socket.create_connection(listener.getsockname())
+    out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    inp, _ = listener.accept()
+
+    def drain():
+        while inp.recv(1 << 16):
+            pass
+
+    threading.Thread(target=drain, daemon=True).start()
+    print("READY %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+    payload = b"x" * 16
+    writes = 0
+    start = time.monotonic()
+    deadline = start + args.seconds
+    while True:
+        for _ in range(500):
+            out.send(payload)
+        writes += 500
+        if time.monotonic() >= deadline:
+            break
+    elapsed = time.monotonic() - start
+    out.close()
+    print(json.dumps({"writes": writes, "seconds": elapsed, "writes_per_s": writes / elapsed}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -223,6 +258,8 @@ def main():
     loop.add_argument("--certfile", required=True)
     loop.add_argument("--keyfile", required=True)
     loop.add_argument("--seconds", type=float, default=3.0)
+    writes = sub.add_parser("write-loop")
+    writes.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
     if args.mode == "server":
         if args.tls and not (args.certfile and args.keyfile):
@@ -230,6 +267,8 @@ def main():
         server(args)
     elif args.mode == "client":
         client(args)
+    elif args.mode == "write-loop":
+        write_loop(args)
     else:
         ssl_loop(args)
 

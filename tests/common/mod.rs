@@ -24,6 +24,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod tls;
+
 /// Panics unless running as root: these tests load eBPF programs. They must
 /// fail, not skip, when run unprivileged (CI runs them as root).
 pub fn require_root(test: &str) {

@@ -50,6 +50,11 @@ SSL_read/SSL_write, on the handler's thread):
       starts an HTTPS server (same endpoints) on a free port of the same host
       and answers {"tls_port": N} (the same port on later calls). For tests of
       a process that loads OpenSSL after the agent started.
+
+--fork-on-sigusr1: listen, but serve nothing until SIGUSR1; then fork a
+    child that serves on the inherited socket (the parent only waits, and
+    the child dies with it: PR_SET_DEATHSIG). For tests of a child forked by
+    a traced server after the agent started (its uprobes are not inherited).
 """
 
 import sys
@@ -367,6 +372,24 @@ def enable_tls():
         return TLS_STATE["port"]
 
 
+def wait_and_fork():
+    """Returns in a child forked on SIGUSR1; the parent never returns."""
+    import ctypes
+
+    got = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda *_: got.set())
+    while not got.wait(0.2):
+        pass
+    child = os.fork()
+    if child == 0:
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        print(f"FORKED {os.getpid()}", flush=True)
+        return
+    while True:
+        time.sleep(3600)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--host", default="127.0.0.1")
@@ -379,6 +402,11 @@ def main():
         "--late-tls",
         action="store_true",
         help="plain HTTP on --port, ssl not imported until GET /enable-tls starts HTTPS on another port",
+    )
+    ap.add_argument(
+        "--fork-on-sigusr1",
+        action="store_true",
+        help="serve only from a child forked on SIGUSR1",
     )
     args = ap.parse_args()
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
@@ -394,6 +422,8 @@ def main():
     else:
         srv = Server((args.host, args.port), Handler)
     print(f"READY {srv.server_address[1]}", flush=True)
+    if args.fork_on_sigusr1:
+        wait_and_fork()
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=srv.shutdown).start())
     try:
         srv.serve_forever(poll_interval=0.2)

@@ -20,7 +20,11 @@
 //! Replay (`replay.rs`, `cargo xtask bench replay`): the agent's userspace
 //! cost per event on generated records, without the kernel or root.
 //!
-//! `--only sse|cuda|tls` runs one section. Results go to target/bench/.
+//! Untraced (`untraced.rs`): what processes the agent does not trace pay:
+//! small socket writes, and CUDA launches on a library a traced process
+//! also uses.
+//!
+//! `--only sse|cuda|tls|untraced` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -36,11 +40,12 @@ use crate::util::{self, free_port, start_server, Guard};
 
 mod replay;
 mod tls;
+mod untraced;
 
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls] | cargo xtask bench replay [...]";
+                     [--launch-seconds S] [--only sse|cuda|tls|untraced] | cargo xtask bench replay [...]";
 
 #[derive(Clone, Copy)]
 struct Options {
@@ -52,6 +57,7 @@ struct Options {
     sse: bool,
     cuda: bool,
     tls: bool,
+    untraced: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -63,6 +69,7 @@ fn parse(args: &[String]) -> Result<Options> {
         sse: true,
         cuda: true,
         tls: true,
+        untraced: true,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -76,7 +83,8 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.sse = value == "sse";
                 opts.cuda = value == "cuda";
                 opts.tls = value == "tls";
-                if !(opts.sse || opts.cuda || opts.tls) {
+                opts.untraced = value == "untraced";
+                if !(opts.sse || opts.cuda || opts.tls || opts.untraced) {
                     bail!("{USAGE}");
                 }
             }
@@ -236,6 +244,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if opts.tls {
         tls::run(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.untraced {
+        untraced::run(&agent_bin, &opts, &mut report)?;
     }
     let dir = util::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
@@ -507,7 +518,7 @@ fn cuda(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
     let mut cpu: Vec<f64> = traced.iter().map(|t| t.cpu_percent).collect();
     let (b, t) = (median(&mut base), median(&mut rates));
     let result = format!(
-        "CUDA probes (launch_loop: zero-length kernels on the stand-in libcudart.so.12, a sync per 1000 launches, {} s runs, {} rounds): median {:.0} launches/s without agent, {:.0} with: ratio {:.4}; each probed cudaLaunchKernel costs {:.2} us more ({:.3} us -> {:.3} us); agent CPU median {:.1}% of one core\n",
+        "traced cost (CUDA probes, launch_loop: zero-length kernels on the stand-in libcudart.so.12, a sync per 1000 launches, {} s runs, {} rounds): median {:.0} launches/s without agent, {:.0} with: ratio {:.4}; each probed cudaLaunchKernel costs {:.2} us more ({:.3} us -> {:.3} us); agent CPU median {:.1}% of one core\n",
         opts.launch_seconds,
         opts.rounds,
         b,

@@ -1,23 +1,24 @@
 //! The TLS section of `cargo xtask bench`: what the OpenSSL uprobes cost.
 //!
 //! A uprobe traps into the kernel on every call of the probed function (and
-//! a uretprobe on its return), in every process that maps the library: the
-//! pid filter runs only after the trap. So the section measures, with a
-//! throw-away self-signed certificate (openssl CLI, in target/bench/tls/):
+//! a uretprobe on its return) in the processes it is attached for: the
+//! traced ones (or every process mapping the library with
+//! `--uprobes-all-processes`). So the section measures, with a throw-away
+//! self-signed certificate (openssl CLI, in target/bench/tls/):
 //!
-//! 1. the SSE flood of the plaintext section over HTTPS (`sse_flood.py
-//!    --tls`, stdlib ssl, blocking sockets), rounds without and with the
-//!    agent tracing the server: events/s ratio, agent CPU and peak RSS, and
-//!    the µs each event costs (1/rate with − 1/rate without). Per event the
-//!    server makes one SSL_write_ex (uprobe + uretprobe, traced: one ring
-//!    buffer record, its nested write() seen by the syscall tracepoints and
-//!    not reported) and the client, not traced, one SSL_read_ex (uprobe +
-//!    uretprobe, dropped by the pid filter);
-//! 2. OpenSSL calls alone (`sse_flood.py ssl-loop`: one thread, a server and
-//!    a client SSL object on memory BIOs, one SSL_write_ex and one
-//!    SSL_read_ex per iteration, no syscalls), rounds with no agent, with
-//!    the agent probing libssl but tracing another process (the cost every
-//!    untraced process using the same libssl pays), and tracing the loop:
+//! 1. traced cost: the SSE flood of the plaintext section over HTTPS
+//!    (`sse_flood.py --tls`, stdlib ssl, blocking sockets), rounds without
+//!    and with the agent tracing the server: events/s ratio, agent CPU and
+//!    peak RSS, and the µs each event costs (1/rate with − 1/rate without).
+//!    Per event the server makes one SSL_write_ex (a uprobe + uretprobe on
+//!    OpenSSL's write helper, one ring buffer record, its nested write()
+//!    seen by the syscall tracepoints and not reported); the client is not
+//!    traced and has no breakpoint;
+//! 2. untraced tax: OpenSSL calls alone (`sse_flood.py ssl-loop`: one
+//!    thread, a server and a client SSL object on memory BIOs, one
+//!    SSL_write_ex and one SSL_read_ex per iteration, no syscalls), rounds
+//!    with no agent, with the agent tracing another process that uses the
+//!    same libssl (what every untraced process pays), and tracing the loop:
 //!    µs per SSL call each way.
 //!
 //! Results go to target/bench/overhead.txt with the other sections'.
@@ -307,8 +308,8 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
     }
     let (b, t) = (med(&mut base), med(&mut with));
     let flood = format!(
-        "TLS SSE flood (HTTPS, {} connection(s), {} s rounds, {} clean rounds): median {b:.0} events/s without agent, {t:.0} with: ratio {:.3} ({:.1}% slower), +{:.2} µs per event \
-         (per event: the server's traced SSL_write_ex and the client's untraced SSL_read_ex, each a uprobe + uretprobe); agent CPU median {:.1}% of one core; agent peak RSS {rss} KiB\n",
+        "traced cost: TLS SSE flood (HTTPS, {} connection(s), {} s rounds, {} clean rounds): median {b:.0} events/s without agent, {t:.0} with: ratio {:.3} ({:.1}% slower), +{:.2} µs per event \
+         (per event: the server's traced SSL_write_ex, a uprobe + uretprobe on OpenSSL's write helper; the untraced client's SSL_read_ex has no breakpoint); agent CPU median {:.1}% of one core; agent peak RSS {rss} KiB\n",
         opts.connections,
         opts.seconds,
         base.len(),
@@ -350,7 +351,7 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
     let (n, u, tr) = (med(&mut none), med(&mut untraced), med(&mut traced));
     let calls = format!(
         "OpenSSL calls alone (ssl-loop: one thread, memory BIOs, {} s rounds, {} clean rounds): median {n:.0} SSL calls/s without agent ({:.2} µs/call); \
-         process not traced, libssl probed: {u:.0} (ratio {:.3}, +{:.2} µs per SSL call); traced: {tr:.0} (ratio {:.3}, +{:.2} µs per SSL call)\n",
+         untraced tax (this process not traced, the agent tracing another process on the same libssl): {u:.0} (ratio {:.3}, +{:.2} µs per SSL call); traced: {tr:.0} (ratio {:.3}, +{:.2} µs per SSL call)\n",
         opts.seconds,
         none.len(),
         1e6 / n,
