@@ -199,7 +199,7 @@ fn attach_file(probes: &Probes, pid: Option<u32>, file: &ProbedFile) -> Vec<libb
     if !attached.is_empty() {
         let whom = pid.map_or("every process".to_string(), |p| format!("pid {p}"));
         tracing::info!(
-            "probing {} for {whom}: {}",
+            "probing {}: {} for {whom}",
             file.mapped_as,
             attached.join(", ")
         );
