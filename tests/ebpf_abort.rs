@@ -100,6 +100,28 @@ fn check_aborted_record(title: &str, agent: &mut Agent, c: &ClientRecord, server
     assert!(f.is_empty(), "{title}: {}:\n  {}", c.path, f.join("\n  "));
 }
 
+/// Waits until a TCP connection to the local `port` is ESTABLISHED
+/// (/proc/net/tcp and tcp6: local port in hex, state 01).
+fn wait_for_established(port: u16, timeout: Duration) -> bool {
+    let deadline = std::time::Instant::now() + timeout;
+    let needle = format!(":{port:04X} ");
+    while std::time::Instant::now() < deadline {
+        let up = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines().skip(1).any(|l| {
+                    let cols: Vec<&str> = l.split_whitespace().collect();
+                    cols.len() > 3 && format!("{} ", cols[1]).ends_with(&needle) && cols[3] == "01"
+                })
+            })
+        });
+        if up {
+            return true;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    false
+}
+
 fn check_exactly_once(title: &str, agent: &Agent, expected: &[&ClientRecord]) {
     let by = by_path(&agent.values());
     let mut f = Vec::new();
@@ -153,7 +175,7 @@ fn root_fastapi_server_kills_itself_mid_stream() {
     );
 
     check_aborted_record(title, &mut agent, c, pid);
-    thread::sleep(Duration::from_millis(300));
+    // no pause: `stop` reads the agent's output to its end (duplicates too)
     let _ = agent.stop(); // it may already have exited with its only target gone
     let expected: Vec<&ClientRecord> = ok.iter().chain(recs.iter()).collect();
     check_exactly_once(title, &agent, &expected);
@@ -175,12 +197,18 @@ fn root_stdlib_server_killed_externally_mid_stream() {
         "{title}: normal requests before the kill not reported: {missing:?}"
     );
 
-    // a 60-token stream (≈ 40 + 60×15 ms ≈ 0.95 s); kill the server 0.5 s
-    // after starting the client, i.e. well inside the stream
+    // a 200-token stream (≈ 40 + 200×15 ms ≈ 3 s); kill the server 0.3 s
+    // after the client's connection is established, i.e. well inside the
+    // stream. Not a fixed delay after spawning the client: under load the
+    // client's interpreter can take longer than that to start.
     let mut long = ClientRun::sse(1, 1, "killed-");
-    long.tokens = 60;
+    long.tokens = 200;
     let client = thread::spawn(move || run_client(port, &long));
-    thread::sleep(Duration::from_millis(500));
+    assert!(
+        wait_for_established(port, Duration::from_secs(30)),
+        "{title}: setup: the client never connected to :{port}"
+    );
+    thread::sleep(Duration::from_millis(300));
     server.proc.kill();
     let recs = client.join().expect("client thread");
     let c = &recs[0];
@@ -190,14 +218,13 @@ fn root_stdlib_server_killed_externally_mid_stream() {
         c.raw
     );
     assert!(
-        c.chunks >= 1 && c.chunks < 61,
+        c.chunks >= 1 && c.chunks < 201,
         "{title}: setup: the kill should land inside the stream (client got {} chunks)",
         c.chunks
     );
 
     check_aborted_record(title, &mut agent, c, pid);
-    thread::sleep(Duration::from_millis(300));
-    let _ = agent.stop();
+    let _ = agent.stop(); // reads the agent's output to its end (duplicates too)
     let expected: Vec<&ClientRecord> = ok.iter().chain(recs.iter()).collect();
     check_exactly_once(title, &agent, &expected);
 }

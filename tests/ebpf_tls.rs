@@ -116,7 +116,7 @@ fn finish(agent: &mut Agent, client: &[ClientRecord]) -> Option<std::process::Ex
             all.len()
         );
     }
-    thread::sleep(Duration::from_millis(300));
+    // no pause for duplicates: `stop` reads the agent's output to its end
     agent.stop()
 }
 
@@ -220,24 +220,27 @@ struct StitchCounts {
 }
 
 fn summary_counts(agent: &Agent) -> Option<StitchCounts> {
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // `--output json` prints the summary as one JSON object on stderr too:
+    // named counters, nothing to parse out of prose. The agent has exited
+    // (`stop`), so its stderr is complete once the reader reaches EOF.
+    let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let line = agent
-            .proc
-            .stderr
-            .lines()
-            .into_iter()
-            .find(|l| l.contains("stitching:") && l.contains("TLS ciphertext connections"));
-        if let Some(line) = line {
-            let count = |label: &str| -> Option<u64> {
-                let before = line.split(label).next()?;
-                before.rsplit([',', ':']).next()?.trim().parse().ok()
+        let summary = agent.proc.stderr.lines().into_iter().find_map(|l| {
+            serde_json::from_str::<Value>(l.trim())
+                .ok()
+                .and_then(|v| v.get("tokentrace_summary").cloned())
+        });
+        if let Some(s) = summary {
+            eprintln!("[test] agent summary: {s}");
+            let count = |k: &str| {
+                s.get("stitch")
+                    .and_then(|st| st.get(k))
+                    .and_then(Value::as_u64)
             };
-            eprintln!("[test] agent summary: {}", line.trim());
             return Some(StitchCounts {
-                parse_errors: count(" parse errors")?,
-                ciphertext: count(" TLS ciphertext connections ignored")?,
-                client: count(" client connections ignored")?,
+                parse_errors: count("parse_errors")?,
+                ciphertext: count("ciphertext_connections")?,
+                client: count("client_connections")?,
             });
         }
         if Instant::now() >= deadline {
@@ -276,7 +279,7 @@ fn check_summary(
 ) {
     let Some(c) = summary_counts(agent) else {
         failures.push(format!(
-            "no `stitching:` summary line on the agent's stderr after SIGINT:\n{}",
+            "no `{{\"tokentrace_summary\": …}}` line on the agent's stderr after SIGINT:\n{}",
             agent.proc.stderr.tail(15)
         ));
         return;

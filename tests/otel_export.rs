@@ -599,22 +599,44 @@ fn check_spans(
         // Concurrent requests queue in the server before it reads them, so
         // their server spans really do start later: alignment is judged on
         // the sequential ones, conversion on all.
-        if p.contains("seq-") {
-            start_offsets.push(start_ms);
-            if let Some(e2e) = c.e2e_ns {
-                end_offsets.push((send_unix + e2e) as f64 / 1e6 - s.end as f64 / 1e6);
-            }
-            if !(-0.05..1.0).contains(&start_ms) {
+        //
+        // Per request, brackets that load cannot move: the span starts
+        // after the client sent (and, read from the wire or the socket, no
+        // later than the server's handler started: `X-Req-Mono-Ns`, carried
+        // into wall time through the client's own clock pair), and ends
+        // no later than the client's last recv returned. How close it sits
+        // to the client is a distribution, judged by its median below: a
+        // sequential request can wait in the socket while the box is busy
+        // (seen: 3.2 ms with `stress-ng --cpu 1`, p50 0.1 ms).
+        let wall = |mono: u64| send_unix as f64 / 1e6 + (mono as f64 - send_mono as f64) / 1e6;
+        if start_ms < -0.05 {
+            f.push(format!(
+                "{p}: span starts {:.3} ms before the client sent the request",
+                -start_ms
+            ));
+        }
+        if let Some(h) = c.server_req_ns {
+            let after_handler = s.start as f64 / 1e6 - wall(h);
+            if after_handler > 0.05 {
                 f.push(format!(
-                    "{p}: span start - client send = {start_ms:.3} ms, outside [-0.05, 1) ms"
+                    "{p}: span starts {after_handler:.3} ms after the server's handler started"
                 ));
             }
         }
-        if (start_ms - mono_ms).abs() >= 0.1 {
-            f.push(format!(
-                "{p}: wall-clock conversion off by {:.3} ms (span-start - send in wall time {start_ms:.3}, in monotonic time {mono_ms:.3})",
-                start_ms - mono_ms
-            ));
+        if let Some(e2e) = c.e2e_ns {
+            let end_gap = (send_unix + e2e) as f64 / 1e6 - s.end as f64 / 1e6;
+            if end_gap < -0.05 {
+                f.push(format!(
+                    "{p}: span ends {:.3} ms after the client received the end of the response",
+                    -end_gap
+                ));
+            }
+            if p.contains("seq-") {
+                end_offsets.push(end_gap);
+            }
+        }
+        if p.contains("seq-") {
+            start_offsets.push(start_ms);
         }
     }
     let q = |v: &[f64]| {
@@ -638,14 +660,30 @@ fn check_spans(
         "[test] sequential requests: client end - span end (wall): {}",
         q(&end_offsets)
     );
-    // The span ends at the entry of the server's last write; the client's
-    // last recv returns after it, late by a Python thread's wake-up on a
-    // busy 2-core box (measured p50 0.1-0.4 ms, p95 up to 1.4 ms): the
-    // median must be within 1 ms, every request within 5 ms.
-    if quantile(&end_offsets, 0.5) >= 1.0 || end_offsets.iter().any(|&e| !(-0.05..5.0).contains(&e))
+    // The agent converts with one offset for the whole run: a real
+    // conversion error shifts every request alike, while a client
+    // preempted between its two clock reads shifts one. So the median is
+    // judged (measured: p50 0.000-0.001 ms, max 0.004 ms, quiet and with
+    // `stress-ng --cpu 1`).
+    let conv_p50 = quantile(&conversion.iter().map(|x| x.abs()).collect::<Vec<_>>(), 0.5);
+    if conversion.is_empty() || conv_p50 >= 0.1 {
+        f.push(format!(
+            "wall-clock conversion off by a median {conv_p50:.3} ms (span start - send in wall time vs in monotonic time; want < 0.1 ms)"
+        ));
+    }
+    // Medians of the client-side gaps, measured with `stress-ng --cpu 1`:
+    // span start - client send p50 0.06-0.10 ms (p95 3.2 ms: a request
+    // waiting in the socket); client end - span end p50 0.14-0.40 ms (a
+    // Python thread's wake-up after the last write). The brackets above
+    // hold per request; the medians must stay under 1 ms.
+    if start_offsets.is_empty()
+        || end_offsets.is_empty()
+        || quantile(&start_offsets, 0.5) >= 1.0
+        || quantile(&end_offsets, 0.5) >= 1.0
     {
         f.push(format!(
-            "client end - span end: {} (want p50 < 1 ms, all in [-0.05, 5) ms)",
+            "span start - client send: {}; client end - span end: {} (want both p50 < 1 ms)",
+            q(&start_offsets),
             q(&end_offsets)
         ));
     }
@@ -897,6 +935,41 @@ fn root_otlp_http_protobuf_configured_by_otel_environment() {
     assert_no_failures("OTLP/HTTP spans", &failures);
 }
 
+/// What the agent may add to its RSS with a dead backend, and how that
+/// number was made.
+struct MemoryBound {
+    total: f64,
+    explain: String,
+}
+
+/// Allocator slack: what glibc malloc keeps resident beyond the bytes in
+/// use — per-thread arenas (the tokio workers, the ingest and export
+/// threads each get one under contention) each keeping their high-water
+/// mark, and fragmentation between the queue's many small allocations.
+/// Measured with this test's load on the 2-core machine as RSS growth
+/// minus the agent's own peak queue bytes: 3.1 MiB quiet, 5.7 MiB with
+/// `stress-ng --cpu 1` (loaded, more threads allocate at once, so more
+/// arenas are touched). About twice the loaded figure: 12 MiB.
+const ALLOCATOR_SLACK_MIB: f64 = 12.0;
+
+/// The mechanism's bound: the queue holds `queue` requests, the export
+/// task one batch of `batch` (its request and the copy each attempt
+/// sends), all of it in the agent's own accounting
+/// (`tokentrace_export_queue_bytes`, heap bytes of the span messages,
+/// its peak over the run); the end-of-run summary keeps a fixed-size
+/// histogram; plus measured allocator slack. An unbounded queue fails it:
+/// every dropped request would stay (with `queue_size: 1000000` the same
+/// run grew RSS by 47 MiB).
+fn memory_bound_mib(queue_bytes_peak: f64, queue: u64, batch: u64) -> MemoryBound {
+    let queue_mib = queue_bytes_peak / (1024.0 * 1024.0);
+    MemoryBound {
+        total: queue_mib + ALLOCATOR_SLACK_MIB,
+        explain: format!(
+            "queue + batch in flight {queue_mib:.1} MiB (agent's peak export_queue_bytes, {queue} requests + 2x{batch}) + allocator slack {ALLOCATOR_SLACK_MIB} MiB"
+        ),
+    }
+}
+
 /// Resident set size of a process, in KiB.
 fn rss_kib(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -911,16 +984,21 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
     require_root("root_otlp_backend_down_memory_bounded_drops_counted_then_recovers");
     const REQUESTS: u32 = 1000;
     const TOKENS: u32 = 200;
+    const QUEUE: u64 = 64;
+    const BATCH: u64 = 32;
     let grpc_port = free_port();
     let metrics_port = free_port();
     let server = start_server(ServerKind::FastApi, &[]);
     // A small queue, per-chunk events (tens of KiB of span data per
-    // request) and quick retries. Measured: RSS grows 8-11 MiB here; with
-    // queue_size 1000000 instead, the same run grows it by 47 MiB (and
-    // would keep growing with more requests), hence the 20 MiB bound.
+    // request) and quick retries. The memory bound is derived from the
+    // mechanism, not from a past measurement: see `memory_bound_mib`. A
+    // short stall-explanation history keeps that (separately bounded)
+    // buffer out of this test's measurement.
     let config = write_config(
         "down",
-        "export:\n  queue_size: 64\n  batch_size: 32\n  batch_timeout: 50ms\n  chunk_events: true\n  max_span_events: 256\n  metrics_interval: 1s\n  retry:\n    initial_backoff: 200ms\n    max_backoff: 1s\n    max_elapsed: 3s\n",
+        &format!(
+            "export:\n  queue_size: {QUEUE}\n  batch_size: {BATCH}\n  batch_timeout: 50ms\n  chunk_events: true\n  max_span_events: 256\n  metrics_interval: 1s\n  retry:\n    initial_backoff: 200ms\n    max_backoff: 1s\n    max_elapsed: 3s\nexplain:\n  history: 2s\n"
+        ),
     );
     let mut agent = start_agent(&agent_args(
         server.pid(),
@@ -954,6 +1032,7 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
         let sampling = Arc::clone(&sampling);
         thread::spawn(move || {
             let mut queue_max = 0.0f64;
+            let mut bytes_max = 0.0f64;
             loop {
                 let Ok(mut s) = sampling.lock() else { break };
                 if !s.1 {
@@ -969,10 +1048,11 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
                     let mut t = String::new();
                     let _ = c.read_to_string(&mut t);
                     queue_max = queue_max.max(prom_sum(&t, "tokentrace_export_queue_length", &[]));
+                    bytes_max = bytes_max.max(prom_sum(&t, "tokentrace_export_queue_bytes", &[]));
                 }
                 thread::sleep(Duration::from_millis(100));
             }
-            queue_max
+            (queue_max, bytes_max)
         })
     };
     let t0 = Instant::now();
@@ -988,7 +1068,7 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
     if let Ok(mut s) = sampling.lock() {
         s.1 = false;
     }
-    let queue_max = sampler.join().expect("sampler");
+    let (queue_max, queue_bytes_max) = sampler.join().expect("sampler");
     let peak = sampling.lock().map(|s| s.0).unwrap_or(0);
     sent.extend(loaded);
     assert!(
@@ -1013,11 +1093,18 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
     let capacity = prom_sum(&text, "tokentrace_export_queue_capacity", &[]);
     let requests = prom_sum(&text, "tokentrace_requests_total", &[]);
     let growth_mib = (peak.saturating_sub(base)) as f64 / 1024.0;
+    let bound = memory_bound_mib(queue_bytes_max, QUEUE, BATCH);
     eprintln!(
-        "[test] backend down: RSS {:.1} MiB -> peak {:.1} MiB (+{growth_mib:.1} MiB); queue max {queue_max}/{capacity}; \
+        "[test] backend down: RSS growth beyond the queue's own bytes (allocator slack and the rest): {:.1} MiB",
+        growth_mib - queue_bytes_max / (1024.0 * 1024.0)
+    );
+    eprintln!(
+        "[test] backend down: RSS {:.1} MiB -> peak {:.1} MiB (+{growth_mib:.1} MiB; bound {:.1} MiB = {}); queue max {queue_max}/{capacity}; \
          spans dropped: {dropped_full} queue full, {dropped_failed} export failed; exported {exported}; queued {queued}",
         base as f64 / 1024.0,
-        peak as f64 / 1024.0
+        peak as f64 / 1024.0,
+        bound.total,
+        bound.explain,
     );
     assert_eq!(
         requests,
@@ -1034,12 +1121,18 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
         "batches given up on must be counted\n{text}"
     );
     assert!(
-        queue_max <= capacity && capacity == 64.0,
+        queue_max <= capacity && capacity == QUEUE as f64,
         "queue length {queue_max} above capacity {capacity}"
     );
     assert!(
-        growth_mib < 20.0,
-        "agent RSS grew by {growth_mib:.1} MiB with a dead backend (bound: 20 MiB)"
+        queue_bytes_max > 0.0,
+        "tokentrace_export_queue_bytes never rose with a full queue\n{text}"
+    );
+    assert!(
+        growth_mib < bound.total,
+        "agent RSS grew by {growth_mib:.1} MiB with a dead backend (bound {:.1} MiB = {})",
+        bound.total,
+        bound.explain
     );
 
     // the backend comes up: the agent drains its backlog (the queue is

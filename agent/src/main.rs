@@ -65,6 +65,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Check(args) => check(&args),
         Command::Run(args) => {
+            let json = args.output == tokentrace::output::OutputFormat::Json;
             let runtime = match tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -79,6 +80,9 @@ fn main() -> ExitCode {
             match runtime.block_on(tokentrace::run::run(args)) {
                 Ok(summary) => {
                     eprintln!("{summary}");
+                    if json {
+                        eprintln!("{}", summary.to_json_line());
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(err) => {

@@ -44,8 +44,9 @@ const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
 
 /// Debian packages only the tests need: Chromium renders the session
 /// report headless (tests/session_record.rs); nginx terminates TLS in front
-/// of a plaintext streaming server (tests/ebpf_tls.rs).
-const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx"];
+/// of a plaintext streaming server (tests/ebpf_tls.rs); stress-ng keeps a
+/// core busy for `cargo xtask test --stress`.
+const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx", "stress-ng"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {

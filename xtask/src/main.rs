@@ -6,7 +6,8 @@
 //! - `native`  the C artifacts (USDT library, stand-in CUDA libraries,
 //!   launch loop) into target/native/, and a check of the stand-in
 //! - `test`    deps and native, then the whole test suite (unit + root eBPF
-//!   integration)
+//!   integration); `--stress` runs it while `stress-ng --cpu 1` keeps one
+//!   core busy
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server;
 //!   `bench replay`: userspace cost per event on generated records
 //! - `gpu-check` a real CUDA program (PyTorch) under the agent: real CUDA
@@ -18,6 +19,7 @@ mod demo;
 mod deps;
 mod gpu_check;
 mod native;
+mod stress;
 mod util;
 
 use std::process::ExitCode;
@@ -33,9 +35,17 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
             native::build_and_check()
         }
         "test" => {
+            let (stress, rest) = stress::take_flag(rest);
             deps::install(deps::Scope::All)?;
             native::build_and_check()?;
             util::ensure_tracefs()?;
+            // Build first, unloaded: the hog is for the tests, not rustc.
+            util::cargo(&["test", "--workspace", "--no-run"])?;
+            let _hog = if stress {
+                Some(stress::start_cpu_hog()?)
+            } else {
+                None
+            };
             // Integration tests start servers on loopback and load eBPF
             // programs: one at a time keeps their measurements clean.
             let mut args = vec!["test", "--workspace", "--", "--test-threads=1"];
@@ -54,7 +64,9 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
-        eprintln!("usage: cargo xtask <deps|demo|native|test|bench|gpu-check|vmlinux> [args]");
+        eprintln!(
+            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|gpu-check|vmlinux> [args]"
+        );
         return ExitCode::from(2);
     };
     match run(task, rest) {

@@ -188,6 +188,8 @@ pub struct ExportCounters {
     pub spans_not_sampled: u64,
     pub queue_length: u64,
     pub queue_capacity: u64,
+    /// Heap bytes the queue and the batch in flight hold.
+    pub queue_bytes: u64,
     pub metric_exports_failed: u64,
 }
 
@@ -381,6 +383,14 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
             Gauge,
             &[],
             export.queue_capacity,
+        ),
+        m(
+            "tokentrace.export.queue.bytes",
+            "tokentrace_export_queue_bytes",
+            "Heap bytes of the spans waiting for export and of the batch being sent",
+            Gauge,
+            &[],
+            export.queue_bytes,
         ),
         m(
             "tokentrace.spans.exported",

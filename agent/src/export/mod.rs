@@ -18,12 +18,15 @@
 //! that unit tests can check.
 //!
 //! Memory bound with a dead backend: `queue_size` requests of at most four
-//! spans and `max_span_events` events each, plus one batch being retried.
+//! spans and `max_span_events` events each, plus one batch being retried
+//! (its request and the copy each attempt sends). What that comes to is
+//! reported as `tokentrace_export_queue_bytes` (heap bytes, see `heap`).
 
 mod clock;
 mod context;
 mod encode;
 pub mod health;
+mod heap;
 mod metrics;
 mod otlp;
 mod prometheus;
@@ -72,6 +75,10 @@ struct Stats {
     spans_dropped_export_failed: AtomicU64,
     spans_not_sampled: AtomicU64,
     metric_exports_failed: AtomicU64,
+    /// Heap bytes of the spans in the queue.
+    queued_bytes: AtomicU64,
+    /// Heap bytes of the batch being sent or retried (request and copy).
+    in_flight_bytes: AtomicU64,
 }
 
 /// State the run loop, the export tasks and the Prometheus endpoint share.
@@ -100,6 +107,7 @@ impl Shared {
             spans_not_sampled: get(&s.spans_not_sampled),
             queue_length: get(&s.enqueued).saturating_sub(get(&s.dequeued)),
             queue_capacity: self.queue_capacity,
+            queue_bytes: get(&s.queued_bytes).saturating_add(get(&s.in_flight_bytes)),
             metric_exports_failed: get(&s.metric_exports_failed),
         };
         (metrics, export)
@@ -277,12 +285,14 @@ impl Exporter {
             return;
         }
         let count = spans.len() as u64;
+        let bytes = heap::spans_bytes(&spans);
         match pipe.tx.try_push(TraceItem {
             resource: Arc::clone(&process.resource),
             spans,
         }) {
             Ok(()) => {
                 stats.enqueued.fetch_add(1, Ordering::Relaxed);
+                stats.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
             }
             Err(_) => {
                 stats
@@ -395,9 +405,23 @@ async fn export_spans(
             .dequeued
             .fetch_add(batch.len() as u64, Ordering::Relaxed);
         let spans: u64 = batch.iter().map(|item| item.spans.len() as u64).sum();
+        let bytes: u64 = batch
+            .iter()
+            .map(|item| heap::spans_bytes(&item.spans))
+            .sum();
         let request = encode::trace_request(&batch);
         drop(batch);
-        match with_retry(retry, || client.export_traces(request.clone())).await {
+        // the request and the copy an attempt sends replace the items
+        stats.in_flight_bytes.store(2 * bytes, Ordering::Relaxed);
+        let _ = stats
+            .queued_bytes
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
+                Some(q.saturating_sub(bytes))
+            });
+        let outcome = with_retry(retry, || client.export_traces(request.clone())).await;
+        drop(request);
+        stats.in_flight_bytes.store(0, Ordering::Relaxed);
+        match outcome {
             Ok(rejected) => {
                 health.ok();
                 let rejected = rejected.min(spans);

@@ -92,7 +92,10 @@ mod tests {
         assert_eq!(rx.next_batch(100, Duration::ZERO).await, None);
     }
 
-    #[tokio::test]
+    /// On tokio's paused clock: the linger is measured in virtual time, so
+    /// what arrives inside it and what arrives after it are told apart
+    /// exactly, however loaded the machine is.
+    #[tokio::test(start_paused = true)]
     async fn batches_are_capped_and_linger_for_late_items() {
         let (tx, mut rx) = bounded::<u32>(16);
         for i in 0..5 {
@@ -103,10 +106,14 @@ mod tests {
 
         let late = tokio::spawn(async move {
             tx.try_push(10).expect("room");
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(Duration::from_millis(499)).await;
             tx.try_push(11).expect("room");
+            // after the first batch's linger (500 ms from item 10) ran out
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            tx.try_push(12).expect("room");
             tx
         });
+        let started = Instant::now();
         let batch = rx
             .next_batch(10, Duration::from_millis(500))
             .await
@@ -114,9 +121,32 @@ mod tests {
         assert_eq!(
             batch,
             vec![10, 11],
-            "the second item arrived within the linger time"
+            "item 11 arrived 499 ms into the 500 ms linger, item 12 after it"
+        );
+        assert_eq!(
+            started.elapsed(),
+            Duration::from_millis(500),
+            "a batch short of `max` waits out the whole linger"
+        );
+        assert_eq!(
+            rx.next_batch(10, Duration::from_millis(500)).await,
+            Some(vec![12])
         );
         drop(late.await.expect("sender task"));
         assert_eq!(rx.next_batch(10, Duration::from_millis(500)).await, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_full_batch_goes_out_without_lingering() {
+        let (tx, mut rx) = bounded::<u32>(16);
+        for i in 0..4 {
+            tx.try_push(i).expect("room");
+        }
+        let started = Instant::now();
+        assert_eq!(
+            rx.next_batch(4, Duration::from_secs(60)).await,
+            Some(vec![0, 1, 2, 3])
+        );
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }

@@ -1,17 +1,61 @@
 //! The end-of-run summary printed to stderr.
+//!
+//! Latencies go into fixed-size histograms, not sample lists: an agent
+//! running as a DaemonSet reports millions of tokens a day, and its summary
+//! must not grow with them. 3 significant digits over 1 ns..1 h keep every
+//! printed percentile (0.1 ms resolution) what the exact samples give.
 
 use std::fmt;
 
-use super::{ms, percentile};
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::ms;
 use crate::event::Event;
 use crate::stitch::{RequestTimeline, StitchStats};
+
+/// Largest latency kept exactly; longer ones count as this (an hour-long
+/// "stream" is a stuck connection, not a latency).
+const MAX_TRACKED_NS: u64 = 3_600_000_000_000;
+
+/// A latency distribution of constant size (~200 KiB: 3 significant
+/// digits over 1 ns..1 h).
+#[derive(Debug, Clone)]
+struct Latencies(Histogram<u64>);
+
+impl Default for Latencies {
+    fn default() -> Self {
+        // Cannot fail: 1 <= low, high >= 2 * low, sigfig <= 5.
+        Latencies(
+            Histogram::new_with_bounds(1, MAX_TRACKED_NS, 3)
+                .unwrap_or_else(|_| unreachable!("constant histogram bounds are valid")),
+        )
+    }
+}
+
+impl Latencies {
+    fn record(&mut self, ns: u64) {
+        self.0.saturating_record(ns.clamp(1, MAX_TRACKED_NS));
+    }
+
+    fn extend(&mut self, values: impl IntoIterator<Item = u64>) {
+        for v in values {
+            self.record(v);
+        }
+    }
+
+    /// Nearest-rank percentile (`q` in 0..=100), to within 0.1 %.
+    fn percentile(&self, q: f64) -> Option<u64> {
+        (!self.0.is_empty()).then(|| self.0.value_at_percentile(q))
+    }
+}
 
 /// Aggregates over every reported request, plus loss counters.
 #[derive(Debug, Default)]
 pub struct RunSummary {
-    ttft_ns: Vec<u64>,
-    itl_ns: Vec<u64>,
-    e2e_ns: Vec<u64>,
+    ttft_ns: Latencies,
+    itl_ns: Latencies,
+    e2e_ns: Latencies,
     requests: u64,
     aborted: u64,
     chunks: u64,
@@ -60,7 +104,7 @@ impl RunSummary {
         self.chunks += t.chunk_ts.len() as u64;
         self.ttft_ns.extend(t.ttft_ns());
         self.itl_ns.extend(t.itl_ns());
-        self.e2e_ns.push(t.e2e_ns());
+        self.e2e_ns.record(t.e2e_ns());
     }
 
     pub fn requests(&self) -> u64 {
@@ -68,11 +112,90 @@ impl RunSummary {
     }
 }
 
-fn dist(values: &[u64]) -> String {
-    let mut sorted = values.to_vec();
-    sorted.sort_unstable();
-    let q = |p| percentile(&sorted, p).map_or_else(|| "-".into(), |v| format!("{:.1}", ms(v)));
+fn dist(values: &Latencies) -> String {
+    let q = |p| {
+        values
+            .percentile(p)
+            .map_or_else(|| "-".into(), |v| format!("{:.1}", ms(v)))
+    };
     format!("p50={} p95={} p99={} ms", q(50.0), q(95.0), q(99.0))
+}
+
+/// p50/p95/p99 in ms, for the machine-readable summary.
+#[derive(Debug, Serialize, PartialEq)]
+struct Percentiles {
+    p50_ms: Option<f64>,
+    p95_ms: Option<f64>,
+    p99_ms: Option<f64>,
+}
+
+impl Percentiles {
+    /// Rounded to 0.1 ms, as the text prints them (the histogram is exact
+    /// to 0.1 %, not to the µs).
+    fn of(values: &Latencies) -> Self {
+        let q = |p| values.percentile(p).map(|v| (ms(v) * 10.0).round() / 10.0);
+        Percentiles {
+            p50_ms: q(50.0),
+            p95_ms: q(95.0),
+            p99_ms: q(99.0),
+        }
+    }
+}
+
+/// The summary as one JSON object (`--output json` prints it on stderr as
+/// `{"tokentrace_summary": …}`): the same numbers as the text, with names,
+/// so nothing has to parse prose.
+#[derive(Debug, Serialize)]
+struct SummaryJson<'a> {
+    requests: u64,
+    aborted: u64,
+    chunks: u64,
+    ttft: Percentiles,
+    itl: Percentiles,
+    e2e: Percentiles,
+    events: u64,
+    kernel_drops: u64,
+    channel_drops: u64,
+    decode_errors: u64,
+    inference: InferenceJson,
+    stitch: &'a StitchStats,
+}
+
+#[derive(Debug, Serialize)]
+struct InferenceJson {
+    usdt_events: u64,
+    cuda_syncs: u64,
+    cuda_sync_wait_ns: u64,
+    cuda_kernel_launches: u64,
+    off_cpu_intervals: u64,
+}
+
+impl RunSummary {
+    /// One line: `{"tokentrace_summary": {...}}`.
+    pub fn to_json_line(&self) -> String {
+        let inf = self.inference;
+        let body = SummaryJson {
+            requests: self.requests,
+            aborted: self.aborted,
+            chunks: self.chunks,
+            ttft: Percentiles::of(&self.ttft_ns),
+            itl: Percentiles::of(&self.itl_ns),
+            e2e: Percentiles::of(&self.e2e_ns),
+            events: self.events,
+            kernel_drops: self.kernel_drops,
+            channel_drops: self.channel_drops,
+            decode_errors: self.decode_errors,
+            inference: InferenceJson {
+                usdt_events: inf.usdt_events,
+                cuda_syncs: inf.cuda_syncs,
+                cuda_sync_wait_ns: inf.cuda_sync_wait_ns,
+                cuda_kernel_launches: inf.cuda_kernel_launches,
+                off_cpu_intervals: inf.off_cpu_intervals,
+            },
+            stitch: &self.stitch,
+        };
+        serde_json::json!({ "tokentrace_summary": body }).to_string()
+    }
 }
 
 impl fmt::Display for RunSummary {
@@ -118,6 +241,74 @@ impl fmt::Display for RunSummary {
 mod tests {
     use super::*;
     use crate::event::{CudaSyncCall, CudaSyncEvent};
+    use crate::output::percentile;
+
+    #[test]
+    fn histogram_percentiles_match_the_exact_samples_to_the_printed_digit() {
+        // a skewed latency mix: 1..40 ms ITLs with a tail to 2 s
+        let mut exact: Vec<u64> = Vec::new();
+        let mut x: u64 = 12345;
+        let mut h = Latencies::default();
+        for i in 0..100_000u64 {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let v = if i % 100 == 0 {
+                (x >> 33) % 2_000_000_000
+            } else {
+                1_000_000 + (x >> 33) % 39_000_000
+            };
+            exact.push(v);
+            h.record(v);
+        }
+        exact.sort_unstable();
+        for q in [50.0, 95.0, 99.0, 100.0] {
+            let want = percentile(&exact, q).unwrap_or_default() as f64;
+            let got = h.percentile(q).unwrap_or_default() as f64;
+            assert!(
+                (got - want).abs() <= want * 0.001 + 1.0,
+                "p{q}: histogram {got} vs exact {want}"
+            );
+        }
+        assert_eq!(Latencies::default().percentile(50.0), None);
+    }
+
+    #[test]
+    fn the_summary_does_not_grow_with_the_samples() {
+        let mut h = Latencies::default();
+        let before = h.0.distinct_values();
+        h.extend((0..1_000_000u64).map(|i| i * 3_600_000));
+        assert_eq!(h.0.distinct_values(), before, "fixed bucket array");
+        h.record(u64::MAX); // beyond the tracked range: counted at the top
+        assert_eq!(h.0.len(), 1_000_001);
+        assert_eq!(
+            h.percentile(100.0),
+            Some(h.0.highest_equivalent(MAX_TRACKED_NS))
+        );
+    }
+
+    #[test]
+    fn the_json_line_carries_the_same_counters_as_the_text() {
+        let mut summary = RunSummary {
+            events: 42,
+            ..RunSummary::default()
+        };
+        summary.stitch.parse_errors = 3;
+        summary.stitch.ciphertext_connections = 2;
+        summary.e2e_ns.record(5_000_000);
+        let line = summary.to_json_line();
+        let v: serde_json::Value = serde_json::from_str(&line).expect("json");
+        let s = &v["tokentrace_summary"];
+        assert_eq!(s["events"], 42);
+        assert_eq!(s["stitch"]["parse_errors"], 3);
+        assert_eq!(s["stitch"]["ciphertext_connections"], 2);
+        assert_eq!(s["stitch"]["client_connections"], 0);
+        assert_eq!(s["e2e"]["p50_ms"], 5.0);
+        assert!(s["ttft"]["p50_ms"].is_null());
+        assert!(summary
+            .to_string()
+            .contains("2 TLS ciphertext connections ignored"));
+    }
 
     #[test]
     fn counts_cuda_syncs_and_launches_into_the_summary() {

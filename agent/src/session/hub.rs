@@ -929,8 +929,8 @@ mod tests {
         };
         assert!(matches!(hub.start(bad, None), Err(StartError::Invalid(_))));
 
-        // a CPU-sampling session (sampling may fail without root: it then
-        // runs without a profile, but still counts as the heavy one)
+        // a CPU-sampling session: it counts as the heavy one whether or
+        // not sampling could start, and says which it was
         let heavy = hub.start(request(99), None).expect("heavy");
         assert_eq!(
             hub.start(request(49), None),
@@ -941,9 +941,29 @@ mod tests {
             .expect("light sessions run alongside");
         assert_eq!(hub.list().len(), 2);
         hub.shutdown();
-        for id in [heavy.id, light.id] {
-            assert_eq!(hub.status(&id).map(|s| s.state), Some(SessionState::Done));
+        for id in [&heavy.id, &light.id] {
+            assert_eq!(hub.status(id).map(|s| s.state), Some(SessionState::Done));
         }
+        // As root (CI) sampling must really start; unprivileged it cannot,
+        // and the session must say so rather than pass for a profiled one.
+        let warnings = hub
+            .status(&heavy.id)
+            .map(|s| s.warnings)
+            .unwrap_or_default();
+        let sampling_off = warnings
+            .iter()
+            .any(|w| w.starts_with("CPU sampling is off for this session"));
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let root = unsafe { libc::geteuid() } == 0;
+        assert_eq!(
+            sampling_off, !root,
+            "root: {root}, heavy session warnings: {warnings:?}"
+        );
+        let light_warnings = hub
+            .status(&light.id)
+            .map(|s| s.warnings)
+            .unwrap_or_default();
+        assert!(light_warnings.is_empty(), "{light_warnings:?}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
