@@ -1,6 +1,6 @@
 //! Root-only: the server dies in the middle of a stream. The agent must
 //! report that request with `aborted: true` (abort_reason `process_exited`
-//! or `connection_closed`) within a few seconds: not hang on it, not lose it.
+//! or `server_closed`: the server, not the client, ended it) within a few seconds: not hang on it, not lose it.
 //!
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_abort -- --test-threads=1 --nocapture
@@ -49,10 +49,10 @@ fn check_aborted_record(title: &str, agent: &mut Agent, c: &ClientRecord, server
     let reason = str_field(a, "abort_reason");
     if !matches!(
         reason.as_deref(),
-        Some("process_exited") | Some("connection_closed")
+        Some("process_exited") | Some("server_closed")
     ) {
         f.push(format!(
-            "abort_reason = {reason:?}, expected process_exited or connection_closed"
+            "abort_reason = {reason:?}, expected process_exited or server_closed"
         ));
     }
     if a.get("pid").and_then(Value::as_u64) != Some(u64::from(server_pid)) {

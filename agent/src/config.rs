@@ -110,6 +110,24 @@ pub struct StitchSection {
     pub idle_timeout: Duration,
     pub max_connections: usize,
     pub max_buffered_bytes: usize,
+    /// Request headers whose value identifies a request (`request_id` in
+    /// JSON, `http.request.header.<name>` on spans); the first present wins.
+    pub request_id_headers: Vec<String>,
+}
+
+impl StitchSection {
+    /// What the stitcher is built with (header names compared lower-case).
+    pub fn stitcher_config(&self) -> crate::stitch::StitchConfig {
+        crate::stitch::StitchConfig {
+            max_buffered_bytes: self.max_buffered_bytes,
+            max_connections: self.max_connections,
+            request_id_headers: self
+                .request_id_headers
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -152,6 +170,7 @@ impl Default for StitchSection {
             idle_timeout: Duration::from_secs(300),
             max_connections: 65536,
             max_buffered_bytes: 1 << 20,
+            request_id_headers: vec![crate::stitch::DEFAULT_REQUEST_ID_HEADER.to_string()],
         }
     }
 }
@@ -204,8 +223,26 @@ impl Config {
                 "capture.poll_interval must be above zero".into(),
             ));
         }
+        if let Some(bad) = self
+            .stitch
+            .request_id_headers
+            .iter()
+            .find(|h| !is_header_name(h))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "stitch.request_id_headers: {bad:?} is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+            )));
+        }
         Ok(())
     }
+}
+
+/// An RFC 9110 field name (a token).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 #[cfg(test)]
@@ -237,6 +274,20 @@ mod tests {
             .validate()
             .expect_err("cap above the kernel maximum");
         assert!(err.to_string().contains("--capture-bytes"), "{err}");
+
+        let ids: Config = serde_yaml::from_str(
+            "stitch:\n  request_id_headers: [X-Correlation-ID, x-request-id]\n",
+        )
+        .expect("parses");
+        ids.validate().expect("valid header names");
+        assert_eq!(
+            &*ids.stitch.stitcher_config().request_id_headers,
+            ["x-correlation-id", "x-request-id"]
+        );
+        let bad: Config =
+            serde_yaml::from_str("stitch:\n  request_id_headers: ['x request']\n").expect("parses");
+        let err = bad.validate().expect_err("a space is not allowed");
+        assert!(err.to_string().contains("request_id_headers"), "{err}");
 
         let unknown = serde_yaml::from_str::<Config>("captur:\n  bytes: 1\n");
         assert!(

@@ -120,8 +120,12 @@ pub struct DataEvent {
     /// process handed the bytes over: the emit time of a token.
     pub ts_enter: MonoNs,
     /// When the syscall returned. For ingress this is when the bytes were in
-    /// the process: the arrival time of a request.
+    /// the process: the server's read of a request.
     pub ts_exit: MonoNs,
+    /// Ingress: when the oldest byte this read returned reached the host
+    /// (the kernel's receive path, before any process saw it); `None` when
+    /// it arrived before the socket was tracked.
+    pub ingress: Option<MonoNs>,
     pub direction: Direction,
     pub call: IoCall,
     /// Bytes the syscall really moved.
@@ -157,6 +161,56 @@ pub struct ConnEvent {
     pub tid: u32,
     pub comm: String,
     pub ts: MonoNs,
+    pub addrs: Option<SockAddrs>,
+    /// Accept: when the handshake completed (the connection entered the
+    /// accept queue); `None` when unknown (the listener was not yet known
+    /// to be traced) and for closes.
+    pub established: Option<MonoNs>,
+}
+
+/// How the peer ended a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PeerClose {
+    /// A FIN arrived: the peer will send no more (it closed, or half-closed).
+    Fin,
+    /// An RST arrived: the peer is gone.
+    Rst,
+    /// A write failed with EPIPE.
+    WriteEpipe,
+    /// A write failed with ECONNRESET.
+    WriteEconnreset,
+}
+
+impl PeerClose {
+    /// The peer is certainly gone (not a half-close).
+    pub fn is_reset(self) -> bool {
+        !matches!(self, PeerClose::Fin)
+    }
+}
+
+/// The peer (a server's client) ended a traced TCP connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerClosedEvent {
+    /// The socket's owner, fd and inode as the probes last saw them.
+    pub conn: ConnId,
+    pub ts: MonoNs,
+    pub reason: PeerClose,
+    /// Ties the socket to a TLS connection, which is keyed by its `SSL*`.
+    pub addrs: Option<SockAddrs>,
+}
+
+/// `SSL_do_handshake` succeeded on a traced `SSL*`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsHandshakeEvent {
+    /// The TLS connection (fd [`ConnId::TLS_FD`], `sock_ino` = the `SSL*`).
+    pub conn: ConnId,
+    /// Its socket's fd, when known.
+    pub socket_fd: Option<i32>,
+    /// When the handshake completed.
+    pub ts: MonoNs,
+    /// When the connection's first byte (the ClientHello) reached the host.
+    pub first_byte: Option<MonoNs>,
     pub addrs: Option<SockAddrs>,
 }
 
@@ -291,6 +345,8 @@ pub enum Event {
     CudaSync(CudaSyncEvent),
     OffCpu(OffCpuEvent),
     SendHold(SendHoldEvent),
+    PeerClosed(PeerClosedEvent),
+    TlsHandshake(TlsHandshakeEvent),
 }
 
 impl Event {
@@ -311,6 +367,8 @@ impl Event {
             Event::CudaSync(c) => c.ts_exit,
             Event::OffCpu(o) => o.end,
             Event::SendHold(h) => h.release_ts,
+            Event::PeerClosed(p) => p.ts,
+            Event::TlsHandshake(h) => h.ts,
         }
     }
 }

@@ -21,7 +21,7 @@ use crate::ingest::{Ingest, ProbeCommand};
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
 use crate::session::SessionHub;
-use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
+use crate::stitch::{RequestTimeline, Stitcher};
 
 const PROC: &str = "/proc";
 /// How often idle connections are swept.
@@ -349,10 +349,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
 
     let mut pipeline = Pipeline {
         tracker,
-        stitcher: Stitcher::new(StitchConfig {
-            max_buffered_bytes: config.stitch.max_buffered_bytes,
-            max_connections: config.stitch.max_connections,
-        }),
+        stitcher: Stitcher::new(config.stitch.stitcher_config()),
         printer: Printer {
             format: args.output,
             out: io::stdout(),

@@ -34,6 +34,8 @@ unsafe impl plain::Plain for sock::types::tt_proc_event {}
 unsafe impl plain::Plain for sock::types::tt_nagle_event {}
 // SAFETY: as above.
 unsafe impl plain::Plain for sock::types::bss {}
+// SAFETY: as above (the key of `ingress_listeners`).
+unsafe impl plain::Plain for sock::types::listen_key {}
 
 /// Probes inside inference processes: `llm:*` USDT, CUDA runtime/driver
 /// uprobes, off-CPU intervals. Shares the ring buffer and pid filter of

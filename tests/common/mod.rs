@@ -111,6 +111,18 @@ impl Proc {
         }
     }
 
+    /// Guards a child the caller spawned itself (to read its stdout);
+    /// its stderr, if piped, is kept in the tail.
+    pub fn guard(name: &str, mut child: Child) -> Proc {
+        let stderr = pump_stderr(name, &mut child);
+        Proc {
+            name: name.to_string(),
+            child,
+            stderr,
+            exited: None,
+        }
+    }
+
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -959,7 +971,7 @@ impl Report {
     pub fn new() -> Self {
         Report {
             ttft_client: Dist::new("TTFT: client - agent"),
-            ttft_server: Dist::new("TTFT: agent - server (handler->1st stamp)"),
+            ttft_server: Dist::new("TTFT: agent from read - server (handler->1st)"),
             ttft_best: Dist::new("TTFT: min(|client d|, |server d|)"),
             read_wait: Dist::new("agent request_start - client t_send"),
             handler_after_read: Dist::new("server handler start - agent req start"),
@@ -1185,7 +1197,7 @@ pub fn compare(
         report.read_wait.push(wait);
         if wait < -slack {
             f.push(ctx(format!(
-                "agent request_start_ns is {:.3} ms BEFORE the client sent the request (must be CLOCK_MONOTONIC, the read's exit)",
+                "agent request_start_ns is {:.3} ms BEFORE the client sent the request (must be CLOCK_MONOTONIC, the request's arrival at the host)",
                 -wait
             )));
         }
@@ -1194,7 +1206,7 @@ pub fn compare(
             report.handler_after_read.push(hr);
             if hr < -slack {
                 f.push(ctx(format!(
-                    "agent request_start_ns is {:.3} ms AFTER the server's handler started (request start must be the read that brought the request)",
+                    "agent request_start_ns is {:.3} ms AFTER the server's handler started (request start is the arrival of the request's first byte, before any read)",
                     -hr
                 )));
             }
@@ -1209,14 +1221,18 @@ pub fn compare(
                 if dc < -slack {
                     f.push(ctx(format!("agent TTFT {at:.3} ms > client TTFT {ct:.3} ms: outside the client's bracket")));
                 }
+                // The server's handler starts after its read: compare with
+                // the agent's TTFT counted from that read (`ttft_ms` also
+                // holds the request's wait in the socket before it).
+                let at_read = f64_field(a, "ttft_from_read_ms").unwrap_or(at);
                 let ds = match (c.server_req_ns, stamp0) {
                     (Some(h), Some(s0)) => {
                         let st = ms(s0, h);
-                        let ds = at - st;
+                        let ds = at_read - st;
                         report.ttft_server.push(ds);
                         if ds < -slack {
                             f.push(ctx(format!(
-                                "agent TTFT {at:.3} ms < server TTFT {st:.3} ms (handler start -> 1st chunk stamp): outside the server's bracket"
+                                "agent TTFT from the read {at_read:.3} ms < server TTFT {st:.3} ms (handler start -> 1st chunk stamp): outside the server's bracket"
                             )));
                         }
                         Some(ds)
@@ -1231,7 +1247,7 @@ pub fn compare(
                     report.ttft_best.push(best);
                 }
                 let line = format!(
-                    "client TTFT {ct:.3}, agent TTFT {at:.3}: client - agent {dc:.3}, agent - server {}, read wait {wait:.3}",
+                    "client TTFT {ct:.3}, agent TTFT {at:.3} (from the read {at_read:.3}): client - agent {dc:.3}, agent - server {}, read wait {wait:.3}",
                     ds.map_or("n/a".to_string(), |d| format!("{d:.3}"))
                 );
                 if exempt {
@@ -1606,6 +1622,24 @@ impl Agent {
                     .iter()
                     .find(|l| str_field(&l.v, "response_id").as_deref() == Some(id))
                     .cloned();
+            }
+            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                self.lines.push(l);
+            }
+        }
+    }
+
+    /// Collects lines until `done` holds for them or the timeout passes;
+    /// returns whether it held.
+    pub fn wait_until(&mut self, timeout: Duration, done: impl Fn(&[AgentLine]) -> bool) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            if done(&self.lines) {
+                return true;
+            }
+            if Instant::now() >= deadline || self.proc.try_exit().is_some() {
+                return false;
             }
             if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
                 self.lines.push(l);

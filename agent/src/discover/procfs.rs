@@ -126,6 +126,29 @@ fn socket_inodes(proc_root: &Path, pid: u32) -> Vec<u64> {
         .collect()
 }
 
+/// The listening TCP ports of one process and the inode number of its
+/// network namespace (what the kernel's `net->ns.inum` holds): the probes
+/// date requests to those listeners from their first packet. `None` if the
+/// process is gone.
+pub fn listeners_of(proc_root: &Path, pid: u32) -> Option<(u32, Vec<u16>)> {
+    use std::os::unix::fs::MetadataExt;
+    let dir = proc_root.join(pid.to_string());
+    let netns = u32::try_from(fs::metadata(dir.join("ns/net")).ok()?.ino()).ok()?;
+    let mut table = HashMap::new();
+    for name in ["net/tcp", "net/tcp6"] {
+        if let Ok(text) = fs::read_to_string(dir.join(name)) {
+            table.extend(parse_listening(&text));
+        }
+    }
+    let mut ports: Vec<u16> = socket_inodes(proc_root, pid)
+        .into_iter()
+        .filter_map(|ino| table.get(&ino).copied())
+        .collect();
+    ports.sort_unstable();
+    ports.dedup();
+    Some((netns, ports))
+}
+
 /// Listening TCP ports per pid, for every process under `proc_root`.
 ///
 /// Each network namespace's tables are read once, through the first
@@ -178,6 +201,17 @@ mod tests {
         let table = parse_listening(TCP);
         assert_eq!(table.len(), 1);
         assert_eq!(table.get(&15455), Some(&8000));
+    }
+
+    #[test]
+    fn listeners_of_this_process_include_a_socket_it_listens_on() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let (netns, ports) =
+            listeners_of(Path::new("/proc"), std::process::id()).expect("we exist");
+        assert!(ports.contains(&port), "{port} not in {ports:?}");
+        assert_ne!(netns, 0);
+        assert_eq!(listeners_of(Path::new("/proc"), u32::MAX), None);
     }
 
     #[test]

@@ -31,6 +31,12 @@ fn timeline(emits: &[u64]) -> RequestTimeline {
         tracestate: None,
         model: None,
         request_start: 1000 * MS,
+        read_start: 1000 * MS,
+        ingress_known: true,
+        accept_wait_ns: None,
+        tls_handshake_ns: None,
+        request_headers: Vec::new(),
+        chunks_after_client_closed: 0,
         request_end: 1000 * MS,
         request_bytes: 100,
         status: Some(200),
@@ -100,6 +106,7 @@ fn write(at_ms: u64, unsent: u32, nodelay: bool) -> Event {
         comm: "python3".into(),
         ts_enter: at_ms * MS,
         ts_exit: at_ms * MS + 1000,
+        ingress: None,
         direction: Direction::Egress,
         call: IoCall::Write,
         len: 10,
@@ -202,6 +209,7 @@ fn nothing_late_means_no_stalls_and_pruning_forgets() {
         comm: String::new(),
         ts: 2000 * MS,
         addrs: None,
+        established: None,
     }));
 }
 
@@ -262,6 +270,7 @@ fn a_close_seen_before_the_explanation_keeps_the_writer_side() {
             comm: String::new(),
             ts: 1070 * MS,
             addrs: None,
+            established: None,
         }),
     ];
     for e in &events {

@@ -13,7 +13,7 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
-use super::metrics::{self_metrics, ExportCounters, Kind, Latency, Metrics};
+use super::metrics::{self_metrics, ExportCounters, Kind, Latency, Metrics, CANCELLATIONS};
 use super::resource::{kv_int, kv_str, ResourceRules};
 
 /// The spans of one request and the resource of the process that served it.
@@ -118,10 +118,30 @@ pub fn metrics_request(
             .or_default()
             .push(point);
     }
+    let mut cancellations: BTreeMap<&str, Vec<NumberDataPoint>> = BTreeMap::new();
+    for (key, n) in &metrics.cancellations {
+        by_service.entry(&key.service).or_default();
+        cancellations
+            .entry(&key.service)
+            .or_default()
+            .push(NumberDataPoint {
+                attributes: key
+                    .attributes()
+                    .into_iter()
+                    .map(|(k, v)| kv_str(k, v))
+                    .collect(),
+                start_time_unix_nano: start,
+                time_unix_nano: now_unix_nano,
+                value: Some(number_data_point::Value::AsInt(
+                    i64::try_from(*n).unwrap_or(i64::MAX),
+                )),
+                ..Default::default()
+            });
+    }
     let mut resource_metrics_list: Vec<ResourceMetrics> = by_service
         .into_iter()
         .map(|(service, histograms)| {
-            let list = histograms
+            let mut list: Vec<Metric> = histograms
                 .into_iter()
                 .map(|(which, data_points)| Metric {
                     name: which.name().to_string(),
@@ -134,6 +154,19 @@ pub fn metrics_request(
                     ..Default::default()
                 })
                 .collect();
+            if let Some(data_points) = cancellations.remove(service) {
+                list.push(Metric {
+                    name: CANCELLATIONS.0.to_string(),
+                    description: CANCELLATIONS.1.to_string(),
+                    unit: "{request}".to_string(),
+                    data: Some(metric::Data::Sum(Sum {
+                        data_points,
+                        aggregation_temporality: cumulative,
+                        is_monotonic: true,
+                    })),
+                    ..Default::default()
+                });
+            }
             resource_metrics(rules.service_resource(service), list)
         })
         .collect();

@@ -161,6 +161,41 @@ impl SeriesKey {
     }
 }
 
+/// Name and help of the per-service counter of requests the client
+/// cancelled (abort_reason `client_closed`).
+pub const CANCELLATIONS: (&str, &str) = (
+    "tokentrace.client.cancellations",
+    "Requests the client abandoned before the response was complete (FIN/RST first, or a refused write)",
+);
+
+/// Attributes of one cancellation series.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct CancelKey {
+    pub service: String,
+    /// Request path without query (`http.route`).
+    pub route: Option<String>,
+    pub model: Option<String>,
+    /// The overflow series (past `max_series`).
+    pub overflow: bool,
+}
+
+impl CancelKey {
+    /// (attribute name, value) pairs in OTel naming, service excluded.
+    pub fn attributes(&self) -> Vec<(&'static str, String)> {
+        let mut a = Vec::new();
+        if let Some(route) = &self.route {
+            a.push(("http.route", route.clone()));
+        }
+        if let Some(model) = &self.model {
+            a.push(("gen_ai.request.model", model.clone()));
+        }
+        if self.overflow {
+            a.push(("otel.metric.overflow", "true".to_string()));
+        }
+        a
+    }
+}
+
 /// Counters of the agent itself, sampled by the run loop.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct AgentCounters {
@@ -205,6 +240,9 @@ pub struct Metrics {
     pub latency: BTreeMap<(Latency, SeriesKey), Histogram>,
     /// Requests recorded (reported by the run loop).
     pub requests: u64,
+    /// Client cancellations by service, route and model (at most
+    /// `max_series` series, then one overflow series per service).
+    pub cancellations: BTreeMap<CancelKey, u64>,
     pub agent: AgentCounters,
 }
 
@@ -216,6 +254,7 @@ impl Metrics {
             start_unix_nano,
             latency: BTreeMap::new(),
             requests: 0,
+            cancellations: BTreeMap::new(),
             agent: AgentCounters::default(),
         }
     }
@@ -250,6 +289,9 @@ impl Metrics {
             overflow: false,
         };
         self.requests += 1;
+        if t.abort_reason == Some(crate::stitch::AbortReason::ClientClosed) {
+            self.count_cancellation(service, t);
+        }
         let secs = |ns: u64| ns as f64 / 1e9;
         let e2e = t.e2e_ns();
         self.observe(Latency::RequestDuration, &key, secs(e2e));
@@ -266,6 +308,27 @@ impl Metrics {
                 secs(e2e.saturating_sub(ttft)) / (chunks - 1) as f64,
             );
         }
+    }
+}
+
+impl Metrics {
+    fn count_cancellation(&mut self, service: &str, t: &RequestTimeline) {
+        let route = t.path.split(['?', '#']).next().unwrap_or_default();
+        let mut key = CancelKey {
+            service: service.to_string(),
+            route: (!route.is_empty()).then(|| route.to_string()),
+            model: t.model.clone(),
+            overflow: false,
+        };
+        if !self.cancellations.contains_key(&key) && self.cancellations.len() >= self.max_series {
+            key = CancelKey {
+                service: service.to_string(),
+                route: None,
+                model: None,
+                overflow: true,
+            };
+        }
+        *self.cancellations.entry(key).or_default() += 1;
     }
 }
 
@@ -457,6 +520,39 @@ pub(crate) mod tests {
         for l in Latency::ALL {
             assert!(l.bounds().windows(2).all(|w| w[0] < w[1]), "{}", l.name());
         }
+    }
+
+    #[test]
+    fn client_cancellations_are_counted_by_route_and_model() {
+        use crate::stitch::AbortReason;
+        let mut m = Metrics::new(2, 0);
+        let mut t = crate::export::spans::tests::sse();
+        t.aborted = true;
+        for (path, model, reason) in [
+            ("/v1/chat/completions?rid=1", "a", AbortReason::ClientClosed),
+            ("/v1/chat/completions?rid=2", "a", AbortReason::ClientClosed),
+            ("/v1/completions", "b", AbortReason::ClientClosed),
+            ("/v1/completions", "b", AbortReason::ServerClosed),
+            ("/v1/other", "c", AbortReason::ClientClosed),
+        ] {
+            t.path = path.into();
+            t.model = Some(model.into());
+            t.abort_reason = Some(reason);
+            m.record("svc", &t);
+        }
+        let got: Vec<(Option<&str>, Option<&str>, bool, u64)> = m
+            .cancellations
+            .iter()
+            .map(|(k, n)| (k.route.as_deref(), k.model.as_deref(), k.overflow, *n))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (None, None, true, 1),
+                (Some("/v1/chat/completions"), Some("a"), false, 2),
+                (Some("/v1/completions"), Some("b"), false, 1),
+            ]
+        );
     }
 
     #[test]

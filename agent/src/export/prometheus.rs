@@ -18,7 +18,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::health;
-use super::metrics::{self_metrics, ExportCounters, Kind, Metrics};
+use super::metrics::{self_metrics, ExportCounters, Kind, Metrics, CANCELLATIONS};
 use super::Shared;
 
 const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -95,6 +95,17 @@ pub fn render(metrics: &Metrics, export: &ExportCounters) -> String {
         }
         let _ = writeln!(out, "{name}_sum{} {}", labels(&pairs), h.sum);
         let _ = writeln!(out, "{name}_count{} {}", labels(&pairs), h.count);
+    }
+    if !metrics.cancellations.is_empty() {
+        let (otel_name, help) = CANCELLATIONS;
+        let name = format!("{}_total", prom_name(otel_name));
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} counter");
+        for (key, n) in &metrics.cancellations {
+            let mut pairs = vec![("service_name".to_string(), key.service.clone())];
+            pairs.extend(key.attributes().into_iter().map(|(k, v)| (prom_name(k), v)));
+            let _ = writeln!(out, "{name}{} {n}", labels(&pairs));
+        }
     }
     let mut seen: Option<&str> = None;
     for m in self_metrics(metrics, export) {

@@ -23,7 +23,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, KeyValue};
+use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
 use crate::k8s::Metadata;
@@ -48,6 +48,17 @@ fn kv(key: &str, value: any_value::Value) -> KeyValue {
 /// A string attribute.
 pub fn kv_str(key: &str, value: impl Into<String>) -> KeyValue {
     kv(key, any_value::Value::StringValue(value.into()))
+}
+
+/// A string-array attribute.
+pub fn kv_str_array(key: &str, values: impl IntoIterator<Item = String>) -> KeyValue {
+    let values = values
+        .into_iter()
+        .map(|v| AnyValue {
+            value: Some(any_value::Value::StringValue(v)),
+        })
+        .collect();
+    kv(key, any_value::Value::ArrayValue(ArrayValue { values }))
 }
 
 /// An integer attribute.

@@ -1,14 +1,15 @@
 //! Request timeline → OTLP spans. Pure: no I/O, no clock reads.
 //!
-//! One SERVER span per request, from the first request byte to the write
-//! that completed the response (or the abort), with child INTERNAL spans for
-//! the phases the kernel lets us see:
+//! One SERVER span per request, from the arrival of the first request byte
+//! at the host to the write that completed the response (or the abort),
+//! with child INTERNAL spans for the phases the kernel lets us see:
 //!
 //! ```text
-//! POST /v1/chat/completions   |----------------------------------------|
-//!   read request              |--|
-//!   wait for first token         |-------|
-//!   stream                               |-------------------------------|
+//! POST /v1/chat/completions   |------------------------------------------|
+//!   wait in socket            |--|         (arrival -> the server's read)
+//!   read request                 |--|
+//!   wait for first token            |-------|
+//!   stream                                  |----------------------------|
 //! ```
 //!
 //! The numbers on the span (`tokentrace.*`) are computed by the same code
@@ -28,7 +29,7 @@ use serde::Serialize;
 
 use super::clock::WallClock;
 use super::context::{IdGenerator, RemoteParent};
-use super::resource::{kv_bool, kv_f64, kv_int, kv_str};
+use super::resource::{kv_bool, kv_f64, kv_int, kv_str, kv_str_array};
 use crate::event::MonoNs;
 use crate::output::{ms, JsonTimeline};
 use crate::stitch::RequestTimeline;
@@ -209,13 +210,23 @@ pub fn timeline_spans(
 
     let mut spans = vec![server];
     let parent = server_id.to_vec();
-    if t.request_end > t.request_start {
+    if t.read_start > t.request_start {
+        spans.push(ctx.span(
+            ids.span_id(),
+            parent.clone(),
+            "wait in socket",
+            SpanKind::Internal,
+            t.request_start,
+            t.read_start,
+        ));
+    }
+    if t.request_end > t.read_start {
         spans.push(ctx.span(
             ids.span_id(),
             parent.clone(),
             "read request",
             SpanKind::Internal,
-            t.request_start,
+            t.read_start,
             t.request_end,
         ));
     }
@@ -299,7 +310,18 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
     }
     a.push(kv_f64("tokentrace.e2e_ms", j.e2e_ms));
     a.push(kv_f64("tokentrace.request_read_ms", j.request_read_ms));
+    for (name, value) in &t.request_headers {
+        // Semantic conventions: `http.request.header.<key>` is a string[].
+        a.push(kv_str_array(
+            &format!("http.request.header.{name}"),
+            [value.clone()],
+        ));
+    }
     for (key, v) in [
+        ("tokentrace.socket_wait_ms", j.socket_wait_ms),
+        ("tokentrace.accept_wait_ms", j.accept_wait_ms),
+        ("tokentrace.tls_handshake_ms", j.tls_handshake_ms),
+        ("tokentrace.ttft_from_read_ms", j.ttft_from_read_ms),
         ("tokentrace.itl_p50_ms", j.itl_p50_ms),
         ("tokentrace.itl_p95_ms", j.itl_p95_ms),
         ("tokentrace.itl_max_ms", j.itl_max_ms),
@@ -321,6 +343,12 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
     a.push(kv_bool("tokentrace.aborted", j.aborted));
     if let Some(reason) = j.abort_reason.as_ref().and_then(snake) {
         a.push(kv_str("tokentrace.abort_reason", reason));
+    }
+    if j.abort_reason == Some(crate::stitch::AbortReason::ClientClosed) {
+        a.push(kv_int(
+            "tokentrace.chunks_after_client_closed",
+            i64::from(j.chunks_after_client_closed),
+        ));
     }
     a.push(kv_int(
         "tokentrace.request_bytes",
@@ -397,4 +425,4 @@ fn events(t: &RequestTimeline, clock: &WallClock, settings: &SpanSettings) -> (V
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

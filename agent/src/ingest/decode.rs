@@ -9,13 +9,13 @@ use tokentrace_probes::infer::types::{
 };
 use tokentrace_probes::sock::types::{
     tt_conn_event, tt_data_event, tt_direction, tt_event_header, tt_event_kind, tt_io_call,
-    tt_listen_event, tt_nagle_event, tt_proc_event, tt_sock_addrs,
+    tt_listen_event, tt_nagle_event, tt_peer_close, tt_proc_event, tt_sock_addrs,
 };
 
 use crate::event::{
     ConnEvent, ConnId, CudaSyncCall, CudaSyncEvent, DataEvent, Direction, Event, IoCall,
-    LibraryMapped, ListenEvent, LlmProbe, OffCpuEvent, ProcEvent, SendHoldEvent, SockAddrs,
-    TcpSendState, UsdtEvent,
+    LibraryMapped, ListenEvent, LlmProbe, OffCpuEvent, PeerClose, PeerClosedEvent, ProcEvent,
+    SendHoldEvent, SockAddrs, TcpSendState, TlsHandshakeEvent, UsdtEvent,
 };
 
 /// Why a record could not be decoded. Each one is counted, never fatal.
@@ -68,6 +68,11 @@ fn addrs(raw: &tt_sock_addrs) -> Option<SockAddrs> {
     )
 }
 
+/// Kernel timestamps use 0 for "not known".
+fn nonzero(ts: u64) -> Option<u64> {
+    (ts != 0).then_some(ts)
+}
+
 fn direction(raw: u8) -> Result<Direction, DecodeError> {
     match tt_direction(u32::from(raw)) {
         tt_direction::TT_DIR_INGRESS => Ok(Direction::Ingress),
@@ -118,6 +123,7 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
                 comm: comm(&raw.hdr.comm),
                 ts: raw.hdr.ts_ns,
                 addrs: addrs(&raw.addrs),
+                established: nonzero(raw.start_ns),
             };
             Ok(if kind == tt_event_kind::TT_EVENT_ACCEPT {
                 Event::Accept(event)
@@ -148,6 +154,45 @@ pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
             Ok(Event::LibraryMapped(LibraryMapped {
                 pid: raw.hdr.tgid,
                 ts: raw.hdr.ts_ns,
+            }))
+        }
+        tt_event_kind::TT_EVENT_PEER_CLOSED => {
+            let raw: tt_conn_event = read(record, "peer-close record")?;
+            let reason = match tt_peer_close(raw.reason) {
+                tt_peer_close::TT_PEER_FIN => PeerClose::Fin,
+                tt_peer_close::TT_PEER_RST => PeerClose::Rst,
+                tt_peer_close::TT_PEER_WRITE_EPIPE => PeerClose::WriteEpipe,
+                tt_peer_close::TT_PEER_WRITE_ECONNRESET => PeerClose::WriteEconnreset,
+                other => {
+                    return Err(DecodeError::UnknownValue {
+                        what: "peer close reason",
+                        value: other.0,
+                    })
+                }
+            };
+            Ok(Event::PeerClosed(PeerClosedEvent {
+                conn: ConnId {
+                    pid: raw.hdr.tgid,
+                    fd: raw.fd,
+                    sock_ino: raw.sock_ino,
+                },
+                ts: raw.hdr.ts_ns,
+                reason,
+                addrs: addrs(&raw.addrs),
+            }))
+        }
+        tt_event_kind::TT_EVENT_TLS_HANDSHAKE => {
+            let raw: tt_conn_event = read(record, "TLS handshake record")?;
+            Ok(Event::TlsHandshake(TlsHandshakeEvent {
+                conn: ConnId {
+                    pid: raw.hdr.tgid,
+                    fd: ConnId::TLS_FD,
+                    sock_ino: raw.sock_ino,
+                },
+                socket_fd: (raw.fd >= 0).then_some(raw.fd),
+                ts: raw.hdr.ts_ns,
+                first_byte: nonzero(raw.start_ns),
+                addrs: addrs(&raw.addrs),
             }))
         }
         tt_event_kind::TT_EVENT_USDT => decode_usdt(record),
@@ -263,6 +308,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
         comm: comm(&raw.hdr.comm),
         ts_enter: raw.ts_enter_ns,
         ts_exit: raw.hdr.ts_ns,
+        ingress: nonzero(raw.ingress_ns),
         direction: direction(raw.direction)?,
         call: io_call(raw.call)?,
         len: raw.len,

@@ -17,10 +17,21 @@ pub struct JsonTimeline<'a> {
     pub status: Option<u16>,
     pub stream: bool,
     pub body: Option<BodyKind>,
+    /// From the request's arrival at the host (`request_start_ns`).
     pub ttft_ms: Option<f64>,
     pub e2e_ms: f64,
-    /// Time from request start until the request was fully read.
+    /// From the server's read of the request's first byte to its last.
     pub request_read_ms: f64,
+    /// Arrival at the host → the server's first read of the request; null
+    /// when the request arrived before its socket was tracked.
+    pub socket_wait_ms: Option<f64>,
+    /// First request of a connection: established → `accept()` returned.
+    pub accept_wait_ms: Option<f64>,
+    /// First request of a TLS connection: ClientHello arrival →
+    /// `SSL_do_handshake` succeeded.
+    pub tls_handshake_ms: Option<f64>,
+    /// TTFT counted from the server's read (what the server itself sees).
+    pub ttft_from_read_ms: Option<f64>,
     pub chunks: usize,
     pub chunk_offsets_ms: Vec<f64>,
     pub itl_ms: Vec<f64>,
@@ -31,12 +42,19 @@ pub struct JsonTimeline<'a> {
     pub tpot_ms: Option<f64>,
     pub aborted: bool,
     pub abort_reason: Option<AbortReason>,
+    /// Chunks written at or after the client left (`client_closed` only).
+    pub chunks_after_client_closed: u32,
+    /// Value of the first configured request-id header (`x-request-id`).
+    pub request_id: Option<&'a str>,
     pub response_id: Option<&'a str>,
     pub model: Option<&'a str>,
     pub usage: Option<Usage>,
     pub done: bool,
-    /// Kernel CLOCK_MONOTONIC of the request's first byte.
+    /// Kernel CLOCK_MONOTONIC of the request's first byte reaching the host
+    /// (the read's exit when that is unknown).
     pub request_start_ns: u64,
+    /// Kernel CLOCK_MONOTONIC of the return of the read that brought it.
+    pub read_start_ns: u64,
     pub local_addr: Option<String>,
     pub peer_addr: Option<String>,
     pub fd: i32,
@@ -70,7 +88,11 @@ impl<'a> JsonTimeline<'a> {
             body: t.body_kind,
             ttft_ms: ttft.map(ms),
             e2e_ms: ms(e2e),
-            request_read_ms: ms(t.request_end.saturating_sub(t.request_start)),
+            request_read_ms: ms(t.request_end.saturating_sub(t.read_start)),
+            socket_wait_ms: t.socket_wait_ns().map(ms),
+            accept_wait_ms: t.accept_wait_ns.map(ms),
+            tls_handshake_ms: t.tls_handshake_ns.map(ms),
+            ttft_from_read_ms: t.ttft_from_read_ns().map(ms),
             chunks,
             chunk_offsets_ms: t.chunk_offsets_ns().into_iter().map(ms).collect(),
             itl_ms: itl.into_iter().map(ms).collect(),
@@ -80,11 +102,14 @@ impl<'a> JsonTimeline<'a> {
             tpot_ms: tpot,
             aborted: t.aborted,
             abort_reason: t.abort_reason,
+            chunks_after_client_closed: t.chunks_after_client_closed,
+            request_id: t.request_id(),
             response_id: t.response_id.as_deref(),
             model: t.model.as_deref(),
             usage: t.usage,
             done: t.done_seen,
             request_start_ns: t.request_start,
+            read_start_ns: t.read_start,
             local_addr: t.addrs.map(|a| a.local.to_string()),
             peer_addr: t.addrs.map(|a| a.remote.to_string()),
             fd: t.conn.fd,

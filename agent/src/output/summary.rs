@@ -233,6 +233,12 @@ impl fmt::Display for RunSummary {
             self.stitch.client_connections,
             self.stitch.ciphertext_connections,
             self.stitch.evicted_connections
+        )?;
+        write!(
+            f,
+            "\n  ingress: {} streams already in flight when tracing began (skipped), \
+             {} requests that arrived before their socket was tracked (timed from the read)",
+            self.stitch.streams_in_flight_at_start, self.stitch.requests_without_ingress
         )
     }
 }

@@ -60,6 +60,12 @@ pub fn text_line(t: &RequestTimeline) -> String {
         t.chunk_ts.len(),
         fmt_ms(Some(t.e2e_ns())),
     );
+    if let Some(wait) = t.socket_wait_ns() {
+        line.push_str(&format!(" socket_wait={}", fmt_ms(Some(wait))));
+    }
+    if let Some(id) = t.request_id() {
+        line.push_str(&format!(" request_id={id}"));
+    }
     if let Some(id) = &t.response_id {
         line.push_str(&format!(" id={id}"));
     }
@@ -120,6 +126,12 @@ mod tests {
             tracestate: None,
             model: None,
             request_start: 0,
+            read_start: 0,
+            ingress_known: true,
+            accept_wait_ns: None,
+            tls_handshake_ns: None,
+            request_headers: Vec::new(),
+            chunks_after_client_closed: 0,
             request_end: 0,
             request_bytes: 0,
             status: Some(200),

@@ -118,7 +118,9 @@ impl SockProbes {
     pub fn traced_pids(&self) -> Result<TracedPids> {
         let map = MapHandle::try_from(&self.skel.maps.traced_tgids)
             .context("duplicating traced_tgids")?;
-        Ok(TracedPids { map })
+        let listeners = MapHandle::try_from(&self.skel.maps.ingress_listeners)
+            .context("duplicating ingress_listeners")?;
+        Ok(TracedPids { map, listeners })
     }
 
     /// A handle on the kernel-side loss counters, usable from another thread.
@@ -138,13 +140,38 @@ impl Drop for SockProbes {
 #[derive(Debug)]
 pub struct TracedPids {
     map: MapHandle,
+    /// Listening endpoints of traced processes (`ingress_listeners`).
+    listeners: MapHandle,
 }
 
 impl TracedPids {
+    /// Traces `pid`, and marks the TCP ports it already listens on so that
+    /// connections to them are dated from their first packet, before any
+    /// accept (the probes mark listeners themselves at later listen() and
+    /// accept() calls). Marks stay until the agent exits.
     pub fn insert(&self, pid: u32) -> Result<()> {
         self.map
             .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-            .with_context(|| format!("adding pid {pid} to the kernel pid filter"))
+            .with_context(|| format!("adding pid {pid} to the kernel pid filter"))?;
+        let Some((netns, ports)) =
+            crate::discover::procfs::listeners_of(std::path::Path::new("/proc"), pid)
+        else {
+            return Ok(()); // gone already; its exit will be seen
+        };
+        for port in ports {
+            let key = types::listen_key {
+                netns,
+                port,
+                _pad: 0,
+            };
+            // SAFETY: listen_key is a plain repr(C) struct generated from
+            // the BPF object's BTF.
+            let key = unsafe { plain::as_bytes(&key) };
+            if let Err(err) = self.listeners.update(key, &[1u8], MapFlags::ANY) {
+                tracing::warn!("marking port {port} of pid {pid} for ingress timing: {err}");
+            }
+        }
+        Ok(())
     }
 
     /// Removes `pid`; absent pids are not an error (the kernel removes

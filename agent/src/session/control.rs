@@ -33,7 +33,6 @@ use tokio::net::TcpListener;
 use super::hub::{HubSettings, SessionHub, SessionRequest};
 use super::{artifact_path, content_type};
 use crate::config::Config;
-use crate::stitch::StitchConfig;
 
 /// Where the endpoint listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9465";
@@ -160,10 +159,7 @@ pub async fn for_run(
         return Ok((None, None));
     }
     let hub = SessionHub::new(HubSettings {
-        stitch: StitchConfig {
-            max_buffered_bytes: config.stitch.max_buffered_bytes,
-            max_connections: config.stitch.max_connections,
-        },
+        stitch: config.stitch.stitcher_config(),
         idle_timeout: config.stitch.idle_timeout,
         explain: config.explain.clone(),
         sessions_dir: args.session_dir(),

@@ -68,6 +68,7 @@ impl RecordingMeta {
         StitchConfig {
             max_buffered_bytes: usize::try_from(self.max_buffered_bytes).unwrap_or(usize::MAX),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            ..StitchConfig::default()
         }
     }
 
@@ -310,7 +311,9 @@ impl SessionCore {
             | Event::Exit(_)
             | Event::Fork(_)
             | Event::Listen(_)
-            | Event::LibraryMapped(_) => {}
+            | Event::LibraryMapped(_)
+            | Event::PeerClosed(_)
+            | Event::TlsHandshake(_) => {}
         }
     }
 
@@ -420,6 +423,7 @@ pub(crate) mod tests {
             comm: "server".into(),
             ts_enter: enter,
             ts_exit: exit,
+            ingress: None,
             direction,
             call,
             len: payload.len() as u32,
@@ -438,6 +442,7 @@ pub(crate) mod tests {
             comm: "server".into(),
             ts: start - 10_000,
             addrs: addrs(),
+            established: None,
         })];
         let req = format!("POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}");
         events.push(data(start, Direction::Ingress, req.as_bytes()));
@@ -462,6 +467,7 @@ pub(crate) mod tests {
             comm: "server".into(),
             ts: start + 60_000_000 + tokens as u64 * 10_000_000,
             addrs: addrs(),
+            established: None,
         }));
         events
     }

@@ -523,6 +523,8 @@ fn event_pid(event: &Event) -> u32 {
         Event::CudaSync(c) => c.pid,
         Event::OffCpu(o) => o.pid,
         Event::SendHold(h) => h.pid,
+        Event::PeerClosed(p) => p.conn.pid,
+        Event::TlsHandshake(h) => h.conn.pid,
     }
 }
 

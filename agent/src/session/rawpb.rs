@@ -79,7 +79,7 @@ pub struct Header {
 pub struct Event {
     #[prost(
         oneof = "event_kind::Kind",
-        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12"
+        tags = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14"
     )]
     pub kind: Option<event_kind::Kind>,
 }
@@ -111,6 +111,10 @@ pub mod event_kind {
         SendHold(super::SendHold),
         #[prost(message, tag = "12")]
         Fork(super::Proc),
+        #[prost(message, tag = "13")]
+        PeerClosed(super::PeerClosed),
+        #[prost(message, tag = "14")]
+        TlsHandshake(super::TlsHandshake),
     }
 }
 
@@ -184,6 +188,8 @@ pub struct Data {
     pub addrs: Option<SockAddrs>,
     #[prost(message, optional, tag = "11")]
     pub tcp: Option<TcpSendState>,
+    #[prost(uint64, optional, tag = "12")]
+    pub ingress_ns: Option<u64>,
 }
 
 #[derive(Clone, Copy, PartialEq, prost::Message)]
@@ -292,6 +298,42 @@ pub struct SendHold {
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
+pub struct PeerClosed {
+    #[prost(message, optional, tag = "1")]
+    pub conn: Option<ConnId>,
+    #[prost(uint64, tag = "2")]
+    pub ts_ns: u64,
+    #[prost(enumeration = "PeerClose", tag = "3")]
+    pub reason: i32,
+    #[prost(message, optional, tag = "4")]
+    pub addrs: Option<SockAddrs>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, prost::Enumeration)]
+#[repr(i32)]
+pub enum PeerClose {
+    Unspecified = 0,
+    Fin = 1,
+    Rst = 2,
+    WriteEpipe = 3,
+    WriteEconnreset = 4,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct TlsHandshake {
+    #[prost(message, optional, tag = "1")]
+    pub conn: Option<ConnId>,
+    #[prost(int32, optional, tag = "2")]
+    pub socket_fd: Option<i32>,
+    #[prost(uint64, tag = "3")]
+    pub ts_ns: u64,
+    #[prost(uint64, optional, tag = "4")]
+    pub first_byte_ns: Option<u64>,
+    #[prost(message, optional, tag = "5")]
+    pub addrs: Option<SockAddrs>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
 pub struct Conn {
     #[prost(message, optional, tag = "1")]
     pub conn: Option<ConnId>,
@@ -303,6 +345,8 @@ pub struct Conn {
     pub ts_ns: u64,
     #[prost(message, optional, tag = "5")]
     pub addrs: Option<SockAddrs>,
+    #[prost(uint64, optional, tag = "6")]
+    pub established_ns: Option<u64>,
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
@@ -568,6 +612,7 @@ fn conn_event(c: &event::ConnEvent) -> Conn {
         comm: c.comm.clone(),
         ts_ns: c.ts,
         addrs: addrs(c.addrs),
+        established_ns: c.established,
     }
 }
 
@@ -578,6 +623,26 @@ fn from_conn_event(c: Conn) -> Result<event::ConnEvent> {
         comm: c.comm,
         ts: c.ts_ns,
         addrs: from_addrs(c.addrs)?,
+        established: c.established_ns,
+    })
+}
+
+fn peer_close(r: event::PeerClose) -> PeerClose {
+    match r {
+        event::PeerClose::Fin => PeerClose::Fin,
+        event::PeerClose::Rst => PeerClose::Rst,
+        event::PeerClose::WriteEpipe => PeerClose::WriteEpipe,
+        event::PeerClose::WriteEconnreset => PeerClose::WriteEconnreset,
+    }
+}
+
+fn from_peer_close(r: i32) -> Result<event::PeerClose> {
+    Ok(match PeerClose::try_from(r) {
+        Ok(PeerClose::Fin) => event::PeerClose::Fin,
+        Ok(PeerClose::Rst) => event::PeerClose::Rst,
+        Ok(PeerClose::WriteEpipe) => event::PeerClose::WriteEpipe,
+        Ok(PeerClose::WriteEconnreset) => event::PeerClose::WriteEconnreset,
+        Ok(PeerClose::Unspecified) | Err(_) => bail!("unknown peer close reason {r}"),
     })
 }
 
@@ -625,6 +690,7 @@ impl From<&event::Event> for Event {
                     nodelay: t.nodelay,
                     unsent_bytes: t.unsent_bytes,
                 }),
+                ingress_ns: d.ingress,
             }),
             event::Event::Accept(c) => Kind::Accept(conn_event(c)),
             event::Event::Close(c) => Kind::Close(conn_event(c)),
@@ -677,6 +743,19 @@ impl From<&event::Event> for Event {
                 release_ts_ns: h.release_ts,
                 held_bytes: h.held_bytes,
             }),
+            event::Event::PeerClosed(p) => Kind::PeerClosed(PeerClosed {
+                conn: Some(conn_id(p.conn)),
+                ts_ns: p.ts,
+                reason: peer_close(p.reason) as i32,
+                addrs: addrs(p.addrs),
+            }),
+            event::Event::TlsHandshake(h) => Kind::TlsHandshake(TlsHandshake {
+                conn: Some(conn_id(h.conn)),
+                socket_fd: h.socket_fd,
+                ts_ns: h.ts,
+                first_byte_ns: h.first_byte,
+                addrs: addrs(h.addrs),
+            }),
         };
 
         Self { kind: Some(kind) }
@@ -695,6 +774,7 @@ impl TryFrom<Event> for event::Event {
                 comm: d.comm,
                 ts_enter: d.ts_enter_ns,
                 ts_exit: d.ts_exit_ns,
+                ingress: d.ingress_ns,
                 direction: match Direction::try_from(d.direction) {
                     Ok(Direction::Ingress) => event::Direction::Ingress,
                     Ok(Direction::Egress) => event::Direction::Egress,
@@ -761,6 +841,19 @@ impl TryFrom<Event> for event::Event {
                 write_ts: h.write_ts_ns,
                 release_ts: h.release_ts_ns,
                 held_bytes: h.held_bytes,
+            }),
+            Kind::PeerClosed(p) => event::Event::PeerClosed(event::PeerClosedEvent {
+                conn: from_conn_id(p.conn)?,
+                ts: p.ts_ns,
+                reason: from_peer_close(p.reason)?,
+                addrs: from_addrs(p.addrs)?,
+            }),
+            Kind::TlsHandshake(h) => event::Event::TlsHandshake(event::TlsHandshakeEvent {
+                conn: from_conn_id(h.conn)?,
+                socket_fd: h.socket_fd,
+                ts: h.ts_ns,
+                first_byte: h.first_byte_ns,
+                addrs: from_addrs(h.addrs)?,
             }),
         })
     }
@@ -1010,6 +1103,30 @@ mod tests {
             release_ts: 17,
             held_bytes: 5,
         }));
+        events.push(event::Event::PeerClosed(event::PeerClosedEvent {
+            conn: event::ConnId {
+                pid: 5,
+                fd: 7,
+                sock_ino: 77,
+            },
+            ts: 18,
+            reason: event::PeerClose::WriteEconnreset,
+            addrs: None,
+        }));
+        events.push(event::Event::TlsHandshake(event::TlsHandshakeEvent {
+            conn: event::ConnId {
+                pid: 5,
+                fd: event::ConnId::TLS_FD,
+                sock_ino: 0xdead,
+            },
+            socket_fd: Some(7),
+            ts: 19,
+            first_byte: Some(3),
+            addrs: None,
+        }));
+        if let event::Event::Accept(a) = &mut events[0] {
+            a.established = Some(1_099_000_000);
+        }
 
         if let event::Event::Data(d) = &mut events[1] {
             d.addrs = event::SockAddrs::from_raw(
@@ -1020,6 +1137,7 @@ mod tests {
                 [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
             );
             d.call = event::IoCall::SslRead;
+            d.ingress = Some(1_099_500_000);
             d.tcp = Some(event::TcpSendState {
                 nodelay: false,
                 unsent_bytes: 12,

@@ -134,10 +134,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
     }
     let config = Config::load(args.config.as_deref())?;
     let hub = SessionHub::new(HubSettings {
-        stitch: crate::stitch::StitchConfig {
-            max_buffered_bytes: config.stitch.max_buffered_bytes,
-            max_connections: config.stitch.max_connections,
-        },
+        stitch: config.stitch.stitcher_config(),
         idle_timeout: config.stitch.idle_timeout,
         explain: config.explain.clone(),
         sessions_dir: args.out.clone(),

@@ -3,9 +3,11 @@
 
 use tracing::debug;
 
-use crate::event::{ConnEvent, ConnId, DataEvent, Direction, MonoNs, SockAddrs};
+use std::sync::Arc;
 
-use super::exchange::Exchanges;
+use crate::event::{ConnEvent, ConnId, DataEvent, Direction, MonoNs, PeerClose, SockAddrs};
+
+use super::exchange::{Exchanges, Setup};
 use super::http;
 use super::input::Io;
 use super::request::RequestReader;
@@ -46,19 +48,59 @@ pub(crate) struct Connection {
     /// first bytes may well be the middle of a message. Errors before its
     /// first whole request are expected and not counted.
     adopted: bool,
+    /// An adopted connection whose first bytes were a response already
+    /// under way: counted once, skipped.
+    midstream_counted: bool,
+    peer: PeerState,
     requests: RequestReader,
     responses: ResponseReader,
     exchanges: Exchanges,
 }
 
+/// What the kernel said about the client's side of the connection.
+#[derive(Debug, Clone, Copy, Default)]
+struct PeerState {
+    /// First FIN (the client will send no more).
+    fin: Option<MonoNs>,
+    /// First RST, or a write refused with EPIPE/ECONNRESET: it is gone.
+    reset: Option<MonoNs>,
+}
+
+impl PeerState {
+    /// When the client left, by the first sign of it.
+    fn left(&self) -> Option<MonoNs> {
+        match (self.fin, self.reset) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+}
+
 impl Connection {
-    pub(crate) fn accepted(ev: &ConnEvent, cap: usize) -> Self {
-        Self::new(ev.conn, &ev.comm, ev.addrs, ev.ts, false, cap)
+    pub(crate) fn accepted(ev: &ConnEvent, limits: &Limits) -> Self {
+        let mut conn = Self::new(ev.conn, &ev.comm, ev.addrs, ev.ts, false, limits);
+        conn.exchanges.setup.accept_wait_ns =
+            ev.established.filter(|&t| t <= ev.ts).map(|t| ev.ts - t);
+        conn
+    }
+
+    /// A TLS connection (keyed by its `SSL*`) whose handshake completed at
+    /// `ts`; `setup` is what its first request is charged.
+    pub(crate) fn handshaken(
+        id: ConnId,
+        addrs: Option<SockAddrs>,
+        ts: MonoNs,
+        setup: Setup,
+        limits: &Limits,
+    ) -> Self {
+        let mut conn = Self::new(id, "", addrs, ts, false, limits);
+        conn.exchanges.setup = setup;
+        conn
     }
 
     /// A connection first seen through its data.
-    pub(crate) fn adopted(ev: &DataEvent, cap: usize) -> Self {
-        Self::new(ev.conn, &ev.comm, ev.addrs, Io::of(ev).ts, true, cap)
+    pub(crate) fn adopted(ev: &DataEvent, limits: &Limits) -> Self {
+        Self::new(ev.conn, &ev.comm, ev.addrs, Io::of(ev).ts, true, limits)
     }
 
     fn new(
@@ -67,7 +109,7 @@ impl Connection {
         addrs: Option<SockAddrs>,
         ts: MonoNs,
         adopted: bool,
-        cap: usize,
+        limits: &Limits,
     ) -> Self {
         Self {
             id,
@@ -77,10 +119,31 @@ impl Connection {
             recency_ts: ts,
             role: Role::Undecided,
             adopted,
-            requests: RequestReader::new(cap),
-            responses: ResponseReader::new(cap),
+            midstream_counted: false,
+            peer: PeerState::default(),
+            requests: RequestReader::new(limits.cap, Arc::clone(&limits.id_headers)),
+            responses: ResponseReader::new(limits.cap),
             exchanges: Exchanges::default(),
         }
+    }
+
+    pub(crate) fn addrs(&self) -> Option<SockAddrs> {
+        self.addrs
+    }
+
+    /// This connection's accept wait (for the TLS connection on top of it).
+    pub(crate) fn accept_wait_ns(&self) -> Option<u64> {
+        self.exchanges.setup.accept_wait_ns
+    }
+
+    /// The client closed (FIN) or reset its side at `ts`.
+    pub(crate) fn peer_closed(&mut self, ts: MonoNs, how: PeerClose) {
+        let slot = if how.is_reset() {
+            &mut self.peer.reset
+        } else {
+            &mut self.peer.fin
+        };
+        slot.get_or_insert(ts);
     }
 
     pub(crate) fn on_data(&mut self, ev: &DataEvent, sink: &mut Sink<'_>) {
@@ -108,6 +171,14 @@ impl Connection {
         }
         if self.role != Role::Server {
             return;
+        }
+        if self.adopted
+            && !self.midstream_counted
+            && ev.direction == Direction::Egress
+            && self.exchanges.opened() == 0
+        {
+            self.midstream_counted = true;
+            sink.stream_in_flight_at_start();
         }
         let mut finished = Vec::new();
         let result = match ev.direction {
@@ -137,16 +208,25 @@ impl Connection {
         }
     }
 
-    /// The socket closed at `ts`. A response delimited by the close is
-    /// complete; every other request in flight is aborted.
-    pub(crate) fn close(mut self, ts: MonoNs, sink: &mut Sink<'_>) {
+    /// The socket closed at `ts`; `observed` when the close itself was seen
+    /// (not inferred from a reused fd). A response delimited by the close is
+    /// complete; every other request in flight is aborted, by whoever left
+    /// first.
+    pub(crate) fn close(mut self, ts: MonoNs, observed: bool, sink: &mut Sink<'_>) {
         let mut finished = Vec::new();
         self.responses
             .on_close(ts, &mut self.exchanges, &mut finished);
         for timeline in finished {
             self.emit(timeline, sink);
         }
-        self.abort(ts, AbortReason::ConnectionClosed, sink);
+        let reason = if self.peer.left().is_some() {
+            AbortReason::ClientClosed
+        } else if observed && (!self.id.is_tls() || self.addrs.is_some()) {
+            AbortReason::ServerClosed
+        } else {
+            AbortReason::ConnectionClosed
+        };
+        self.abort(ts, reason, sink);
     }
 
     /// Reports every request in flight as aborted at `end`.
@@ -162,6 +242,33 @@ impl Connection {
         timeline.comm.clone_from(&self.comm);
         timeline.addrs = self.addrs;
         timeline.tls = self.id.is_tls();
+        judge_client_exit(&mut timeline, self.peer);
         sink.emit(timeline);
+    }
+}
+
+/// Limits and settings every connection is built with.
+#[derive(Debug, Clone)]
+pub(crate) struct Limits {
+    /// Most bytes kept per direction.
+    pub cap: usize,
+    pub id_headers: Arc<[String]>,
+}
+
+/// A response the server finished writing after the client had certainly
+/// gone (RST, a refused write) did not reach it: a cancellation. Chunks
+/// emitted from the client's first sign of leaving are counted for every
+/// cancelled request.
+fn judge_client_exit(timeline: &mut RequestTimeline, peer: PeerState) {
+    if !timeline.aborted && peer.reset.is_some_and(|t| t <= timeline.end) {
+        timeline.aborted = true;
+        timeline.abort_reason = Some(AbortReason::ClientClosed);
+    }
+    if timeline.abort_reason != Some(AbortReason::ClientClosed) {
+        return;
+    }
+    if let Some(left) = peer.left() {
+        let after = timeline.chunk_ts.iter().filter(|&&t| t >= left).count();
+        timeline.chunks_after_client_closed = u32::try_from(after).unwrap_or(u32::MAX);
     }
 }

@@ -13,6 +13,29 @@ use crate::event::{ConnId, MonoNs};
 use super::http::RequestHead;
 use super::timeline::{AbortReason, RequestTimeline};
 
+/// When a request began: the read that brought its first byte, and when
+/// that byte reached the host if the kernel dated it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RequestStart {
+    pub read: MonoNs,
+    pub ingress: Option<MonoNs>,
+}
+
+impl RequestStart {
+    /// The arrival time, falling back to the read. An ingress later than the
+    /// read cannot be (bytes are read after they arrive) and is ignored.
+    fn arrival(&self) -> Option<MonoNs> {
+        self.ingress.filter(|&t| t <= self.read)
+    }
+}
+
+/// What the connection's setup cost, charged to its first request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Setup {
+    pub accept_wait_ns: Option<u64>,
+    pub tls_handshake_ns: Option<u64>,
+}
+
 /// One request and, once it starts, its response.
 #[derive(Debug, Clone)]
 pub(crate) struct Exchange {
@@ -43,6 +66,8 @@ impl Exchange {
 pub(crate) struct Exchanges {
     queue: VecDeque<Exchange>,
     opened: u64,
+    /// Charged to the connection's first request.
+    pub setup: Setup,
 }
 
 impl Exchanges {
@@ -52,11 +77,17 @@ impl Exchanges {
         &mut self,
         conn: ConnId,
         head: RequestHead,
-        start: MonoNs,
+        start: RequestStart,
         ts: MonoNs,
     ) -> u64 {
         let seq = self.opened;
         self.opened += 1;
+        let setup = if seq == 0 {
+            self.setup
+        } else {
+            Setup::default()
+        };
+        let arrival = start.arrival();
         self.queue.push_back(Exchange {
             seq,
             response_model: None,
@@ -69,7 +100,13 @@ impl Exchanges {
                 traceparent: head.traceparent,
                 tracestate: head.tracestate,
                 model: None,
-                request_start: start,
+                request_start: arrival.unwrap_or(start.read),
+                read_start: start.read,
+                ingress_known: arrival.is_some(),
+                accept_wait_ns: setup.accept_wait_ns,
+                tls_handshake_ns: setup.tls_handshake_ns,
+                request_headers: head.id_headers,
+                chunks_after_client_closed: 0,
                 request_end: ts,
                 request_bytes: head.len as u64,
                 status: None,

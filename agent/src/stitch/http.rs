@@ -34,6 +34,8 @@ pub(crate) struct RequestHead {
     pub path: String,
     pub traceparent: Option<String>,
     pub tracestate: Option<String>,
+    /// The configured request-id headers present, in config order.
+    pub id_headers: Vec<(String, String)>,
     pub body: RequestBody,
     /// Bytes the head took in the buffer it was parsed from.
     pub len: usize,
@@ -72,9 +74,17 @@ impl ResponseHead {
     }
 }
 
+/// Longest request-id header value kept (ids are UUIDs or similar; this
+/// bounds what a client can make the agent store and export).
+pub(crate) const MAX_ID_HEADER_LEN: usize = 256;
+
 /// Parses a request head from the front of `buf`: `Ok(None)` while it is
-/// incomplete.
-pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, HeadError> {
+/// incomplete. `id_headers` are the lower-case names of the request-id
+/// headers to keep.
+pub(crate) fn parse_request(
+    buf: &[u8],
+    id_headers: &[String],
+) -> Result<Option<RequestHead>, HeadError> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut headers);
     let len = match req.parse(buf)? {
@@ -98,6 +108,17 @@ pub(crate) fn parse_request(buf: &[u8]) -> Result<Option<RequestHead>, HeadError
         path: req.path.unwrap_or_default().to_owned(),
         traceparent: header(req.headers, "traceparent"),
         tracestate: header(req.headers, "tracestate"),
+        id_headers: id_headers
+            .iter()
+            .filter_map(|name| {
+                let mut value = header(req.headers, name)?;
+                if value.is_empty() {
+                    return None;
+                }
+                truncate_at_char(&mut value, MAX_ID_HEADER_LEN);
+                Some((name.clone(), value))
+            })
+            .collect(),
         body,
         len,
     }))
@@ -235,6 +256,17 @@ pub(crate) fn collect_head<T: ParsedHead>(
     }
 }
 
+/// Cuts `s` to at most `max` bytes, at a character boundary.
+fn truncate_at_char(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+}
+
 fn header(headers: &[httparse::Header<'_>], name: &str) -> Option<String> {
     headers
         .iter()
@@ -285,7 +317,7 @@ mod tests {
     #[test]
     fn request_head_fields_and_body_framing() {
         let raw = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ntraceparent: 00-abc-def-01\r\nTraceState: k=v\r\nContent-Length: 12\r\n\r\nBODY";
-        let head = parse_request(raw).expect("valid").expect("complete");
+        let head = parse_request(raw, &[]).expect("valid").expect("complete");
         assert_eq!(head.method, "POST");
         assert_eq!(head.path, "/v1/chat/completions");
         assert_eq!(head.traceparent.as_deref(), Some("00-abc-def-01"));
@@ -295,20 +327,42 @@ mod tests {
 
         let chunked =
             b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\nContent-Length: 3\r\n\r\n";
-        let head = parse_request(chunked).expect("valid").expect("complete");
+        let head = parse_request(chunked, &[])
+            .expect("valid")
+            .expect("complete");
         assert_eq!(head.body, RequestBody::Chunked);
 
-        let get = parse_request(b"GET / HTTP/1.1\r\n\r\n")
+        let get = parse_request(b"GET / HTTP/1.1\r\n\r\n", &[])
             .expect("valid")
             .expect("complete");
         assert_eq!(get.body, RequestBody::None);
     }
 
     #[test]
+    fn request_id_headers_in_config_order_values_bounded() {
+        let long = "é".repeat(200); // 400 bytes
+        let raw = format!(
+            "GET / HTTP/1.1\r\nX-Request-Id:  abc-1 \r\nX-Correlation-Id: {long}\r\nX-Empty:\r\n\r\n"
+        );
+        let names = ["x-correlation-id", "x-missing", "x-request-id", "x-empty"].map(String::from);
+        let head = parse_request(raw.as_bytes(), &names)
+            .expect("valid")
+            .expect("complete");
+        let got: Vec<(&str, usize)> = head
+            .id_headers
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.len()))
+            .collect();
+        assert_eq!(got, [("x-correlation-id", 256), ("x-request-id", 5)]);
+        assert_eq!(head.id_headers[1].1, "abc-1");
+        assert!(head.id_headers[0].1.chars().all(|c| c == 'é'));
+    }
+
+    #[test]
     fn request_head_errors() {
-        assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHost"), Ok(None));
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\nHost", &[]), Ok(None));
         assert_eq!(
-            parse_request(b"\x16\x03\x01garbage"),
+            parse_request(b"\x16\x03\x01garbage", &[]),
             Err(HeadError::Syntax(httparse::Error::Token))
         );
         for bad in [&b"x"[..], b"-1", b"1, 2", b"", b"99999999999999999999999"] {
@@ -316,19 +370,19 @@ mod tests {
             raw.extend_from_slice(bad);
             raw.extend_from_slice(b"\r\n\r\n");
             assert_eq!(
-                parse_request(&raw),
+                parse_request(&raw, &[]),
                 Err(HeadError::ContentLength),
                 "{bad:?}"
             );
         }
         assert_eq!(
-            parse_request(b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n")
+            parse_request(b"POST / HTTP/1.1\r\nContent-Length: 5, 5\r\n\r\n", &[])
                 .expect("valid")
                 .map(|h| h.body),
             Some(RequestBody::Fixed(5))
         );
         assert_eq!(
-            parse_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"),
+            parse_request(b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", &[]),
             Err(HeadError::TransferEncoding)
         );
     }

@@ -56,6 +56,8 @@ pub(crate) struct Io<'a> {
     /// The time stitching uses for this syscall: exit for reads (arrival),
     /// entry for writes (emit).
     pub ts: MonoNs,
+    /// Ingress: when the read's oldest byte reached the host, if known.
+    pub ingress: Option<MonoNs>,
     /// The captured prefix, never longer than the true length.
     pub known: &'a [u8],
     /// Bytes moved after the captured prefix.
@@ -77,6 +79,7 @@ impl<'a> Io<'a> {
         };
         Io {
             ts,
+            ingress: ev.ingress,
             known,
             unknown: len - known.len() as u64,
         }

@@ -30,6 +30,8 @@ pub mod timeline;
 #[cfg(test)]
 mod tests;
 
+use std::sync::Arc;
+
 use serde::Serialize;
 
 use crate::event::{Event, MonoNs};
@@ -53,13 +55,20 @@ pub struct StitchConfig {
     /// Most connections tracked; beyond it the least recently active one is
     /// evicted.
     pub max_connections: usize,
+    /// Request headers whose values identify a request (`request_id`,
+    /// `http.request.header.<name>`), lower-case, first present wins.
+    pub request_id_headers: Arc<[String]>,
 }
+
+/// The request-id header read when the config names none.
+pub const DEFAULT_REQUEST_ID_HEADER: &str = "x-request-id";
 
 impl Default for StitchConfig {
     fn default() -> Self {
         Self {
             max_buffered_bytes: 1 << 20,
             max_connections: 65_536,
+            request_id_headers: Arc::from([DEFAULT_REQUEST_ID_HEADER.to_string()]),
         }
     }
 }
@@ -81,6 +90,12 @@ pub struct StitchStats {
     pub ciphertext_connections: u64,
     /// Connections dropped to stay under `max_connections`.
     pub evicted_connections: u64,
+    /// Responses already being written when tracing began (their request
+    /// was never seen): skipped, not reported.
+    pub streams_in_flight_at_start: u64,
+    /// Requests whose first byte arrived before their socket was tracked:
+    /// reported, with start = the server's read (no `socket_wait_ms`).
+    pub requests_without_ingress: u64,
 }
 
 /// Turns the event stream of traced processes into [`RequestTimeline`]s.
@@ -107,6 +122,8 @@ impl Stitcher {
             Event::Accept(ev) => self.connections.on_accept(ev, sink),
             Event::Close(ev) => self.connections.on_close(ev, sink),
             Event::Exit(ev) => self.connections.on_exit(ev.pid, ev.ts, sink),
+            Event::PeerClosed(ev) => self.connections.on_peer_closed(ev),
+            Event::TlsHandshake(ev) => self.connections.on_tls_handshake(ev, sink),
             // None changes a connection: exec keeps sockets open (unless
             // CLOEXEC, which brings close events); the others are not data
             // (the explainer uses the inference ones).

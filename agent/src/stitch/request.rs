@@ -5,19 +5,24 @@
 //! sizes), so uncaptured body bytes (long prompts beyond the capture cap)
 //! cost nothing but the loss of what they said.
 
-use crate::event::{ConnId, MonoNs};
+use crate::event::ConnId;
 
 use super::chunked::{ChunkedDecoder, Piece};
 use super::error::{Side, StitchError};
-use super::exchange::Exchanges;
+use std::sync::Arc;
+
+use super::exchange::{Exchanges, RequestStart};
 use super::http::{self, RequestBody};
 use super::input::{Bytes, Io};
 use super::json_fields::BodyPrefix;
 
 #[derive(Debug, Clone)]
 enum State {
-    /// Collecting a head; `start` is the arrival of its first byte.
-    Head { buf: Vec<u8>, start: Option<MonoNs> },
+    /// Collecting a head; `start` is the read of its first byte.
+    Head {
+        buf: Vec<u8>,
+        start: Option<RequestStart>,
+    },
     /// Consuming the body of request `seq`.
     Body {
         seq: u64,
@@ -51,13 +56,16 @@ pub(crate) struct RequestReader {
     state: State,
     /// Most bytes buffered for a head, and kept of a body prefix.
     cap: usize,
+    /// Lower-case names of the request-id headers to keep.
+    id_headers: Arc<[String]>,
 }
 
 impl RequestReader {
-    pub(crate) fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize, id_headers: Arc<[String]>) -> Self {
         Self {
             state: NEW_HEAD,
             cap,
+            id_headers,
         }
     }
 
@@ -78,7 +86,11 @@ impl RequestReader {
         }
         for mut piece in io.pieces() {
             while !piece.is_empty() {
-                if let Err(e) = self.step(&mut piece, io.ts, conn, exchanges) {
+                let start = RequestStart {
+                    read: io.ts,
+                    ingress: io.ingress,
+                };
+                if let Err(e) = self.step(&mut piece, start, conn, exchanges) {
                     self.state = State::Resync;
                     return Err(e);
                 }
@@ -91,10 +103,11 @@ impl RequestReader {
     fn step(
         &mut self,
         piece: &mut Bytes<'_>,
-        ts: MonoNs,
+        read: RequestStart,
         conn: ConnId,
         exchanges: &mut Exchanges,
     ) -> Result<(), StitchError> {
+        let ts = read.read;
         match &mut self.state {
             State::Head { buf, start } => {
                 let Bytes::Known(bytes) = piece else {
@@ -114,9 +127,11 @@ impl RequestReader {
                         return Ok(());
                     }
                 }
-                let start = *start.get_or_insert(ts);
-                let head = http::collect_head(buf, bytes, self.cap, http::parse_request)
-                    .map_err(|e| StitchError::head(conn, Side::Request, self.cap, e))?;
+                let start = *start.get_or_insert(read);
+                let names = &self.id_headers;
+                let head =
+                    http::collect_head(buf, bytes, self.cap, |b| http::parse_request(b, names))
+                        .map_err(|e| StitchError::head(conn, Side::Request, self.cap, e))?;
                 let Some(head) = head else {
                     return Ok(());
                 };

@@ -25,6 +25,9 @@ impl<'a> Sink<'a> {
         } else {
             self.stats.requests_completed += 1;
         }
+        if !timeline.ingress_known {
+            self.stats.requests_without_ingress += 1;
+        }
         self.out.push(timeline);
     }
 
@@ -43,6 +46,10 @@ impl<'a> Sink<'a> {
 
     pub(crate) fn truncated_write(&mut self) {
         self.stats.truncated_writes += 1;
+    }
+
+    pub(crate) fn stream_in_flight_at_start(&mut self) {
+        self.stats.streams_in_flight_at_start += 1;
     }
 
     pub(crate) fn evicted_connection(&mut self) {

@@ -21,9 +21,10 @@ use std::collections::BTreeSet;
 use foldhash::HashMap;
 use std::ops::RangeInclusive;
 
-use crate::event::{ConnEvent, ConnId, DataEvent, MonoNs};
+use crate::event::{ConnEvent, ConnId, DataEvent, MonoNs, PeerClosedEvent, TlsHandshakeEvent};
 
-use super::connection::Connection;
+use super::connection::{Connection, Limits};
+use super::exchange::Setup;
 use super::input::Io;
 use super::sink::Sink;
 use super::timeline::AbortReason;
@@ -38,15 +39,21 @@ pub(crate) struct Connections {
     /// time is the connection's `recency_ts`, at most its `last_ts`.
     by_recency: BTreeSet<(MonoNs, ConnId)>,
     config: StitchConfig,
+    limits: Limits,
 }
 
 impl Connections {
     pub(crate) fn new(config: StitchConfig) -> Self {
+        let limits = Limits {
+            cap: config.max_buffered_bytes,
+            id_headers: config.request_id_headers.clone(),
+        };
         Self {
             map: HashMap::default(),
             ids: BTreeSet::new(),
             by_recency: BTreeSet::new(),
             config,
+            limits,
         }
     }
 
@@ -62,7 +69,7 @@ impl Connections {
         }
         self.retire_reused_fd(ev.conn, sink);
         if !self.map.contains_key(&ev.conn) {
-            let conn = Connection::adopted(ev, self.config.max_buffered_bytes);
+            let conn = Connection::adopted(ev, &self.limits);
             self.insert(ev.conn, conn, sink);
         }
         if let Some(conn) = self.touch(ev.conn, ts) {
@@ -73,9 +80,45 @@ impl Connections {
     pub(crate) fn on_accept(&mut self, ev: &ConnEvent, sink: &mut Sink<'_>) {
         self.retire_reused_fd(ev.conn, sink);
         if self.touch(ev.conn, ev.ts).is_none() {
-            let conn = Connection::accepted(ev, self.config.max_buffered_bytes);
+            let conn = Connection::accepted(ev, &self.limits);
             self.insert(ev.conn, conn, sink);
         }
+    }
+
+    /// The client ended a socket: the connection on it, and a TLS connection
+    /// of the same process on the same TCP endpoints (a TLS connection is
+    /// keyed by its `SSL*`; its addresses tie it to the socket).
+    pub(crate) fn on_peer_closed(&mut self, ev: &PeerClosedEvent) {
+        if let Some(conn) = self.map.get_mut(&ev.conn) {
+            conn.peer_closed(ev.ts, ev.reason);
+        }
+        let Some(addrs) = ev.addrs else { return };
+        for id in self.ids(fd_range(ev.conn.pid, ConnId::TLS_FD)) {
+            if let Some(conn) = self.map.get_mut(&id) {
+                if conn.addrs() == Some(addrs) {
+                    conn.peer_closed(ev.ts, ev.reason);
+                }
+            }
+        }
+    }
+
+    /// A TLS handshake completed: the TLS connection starts here, charged
+    /// with the handshake and with its socket's accept wait.
+    pub(crate) fn on_tls_handshake(&mut self, ev: &TlsHandshakeEvent, sink: &mut Sink<'_>) {
+        if self.touch(ev.conn, ev.ts).is_some() {
+            return; // a renegotiation, or a handshake call after data
+        }
+        let accept_wait_ns = ev.socket_fd.and_then(|fd| {
+            self.ids(fd_range(ev.conn.pid, fd))
+                .iter()
+                .find_map(|id| self.map.get(id).and_then(Connection::accept_wait_ns))
+        });
+        let setup = Setup {
+            accept_wait_ns,
+            tls_handshake_ns: ev.first_byte.filter(|&t| t <= ev.ts).map(|t| ev.ts - t),
+        };
+        let conn = Connection::handshaken(ev.conn, ev.addrs, ev.ts, setup, &self.limits);
+        self.insert(ev.conn, conn, sink);
     }
 
     /// The fd was closed: whatever it held, under any inode, is done. For
@@ -88,7 +131,7 @@ impl Connections {
         };
         for id in ids {
             if let Some(conn) = self.remove(id) {
-                conn.close(ev.ts, sink);
+                conn.close(ev.ts, true, sink);
             }
         }
     }
@@ -144,7 +187,7 @@ impl Connections {
             if old != id {
                 if let Some(conn) = self.remove(old) {
                     let last = conn.last_ts;
-                    conn.close(last, sink);
+                    conn.close(last, false, sink);
                 }
             }
         }

@@ -34,6 +34,8 @@ struct Sim {
     st: Stitcher,
     out: Vec<RequestTimeline>,
     conn: ConnId,
+    /// Ingress time the next read reports (the kernel's arrival stamp).
+    next_ingress: Option<MonoNs>,
 }
 
 impl Sim {
@@ -54,6 +56,7 @@ impl Sim {
             st: Stitcher::new(config),
             out: Vec::new(),
             conn: conn_id(7, 991),
+            next_ingress: None,
         }
     }
 
@@ -68,6 +71,7 @@ impl Sim {
             comm: COMM.to_owned(),
             ts,
             addrs: Some(addrs()),
+            established: None,
         }));
     }
 
@@ -85,12 +89,17 @@ impl Sim {
             Direction::Ingress => (ts - 1, ts, IoCall::Read),
             Direction::Egress => (ts, ts + 1, IoCall::Writev),
         };
+        let ingress = match direction {
+            Direction::Ingress => self.next_ingress.take(),
+            Direction::Egress => None,
+        };
         self.push(Event::Data(DataEvent {
             conn,
             tid: PID + 1,
             comm: COMM.to_owned(),
             ts_enter,
             ts_exit,
+            ingress,
             direction,
             call,
             len: u32::try_from(len).expect("test lengths fit"),
@@ -145,6 +154,7 @@ impl Sim {
             comm: COMM.to_owned(),
             ts,
             addrs: None,
+            established: None,
         }));
     }
 
@@ -834,7 +844,8 @@ fn close_mid_stream_aborts() {
     sim.close(500);
     let tl = sim.one();
     assert!(tl.aborted);
-    assert_eq!(tl.abort_reason, Some(AbortReason::ConnectionClosed));
+    // No FIN or RST from the client came first: the server closed it.
+    assert_eq!(tl.abort_reason, Some(AbortReason::ServerClosed));
     assert_eq!(tl.end, 500);
     assert_eq!(tl.chunk_ts, vec![300, 400]);
     assert_eq!(tl.response_id.as_deref(), Some("partial"));
@@ -855,7 +866,7 @@ fn close_reports_requests_without_any_response() {
     assert_eq!(out.len(), 2);
     assert!(!out[0].aborted);
     assert_eq!(out[1].path, "/b");
-    assert_eq!(out[1].abort_reason, Some(AbortReason::ConnectionClosed));
+    assert_eq!(out[1].abort_reason, Some(AbortReason::ServerClosed));
     assert_eq!((out[1].status, out[1].end), (None, 300));
 }
 
@@ -1129,7 +1140,7 @@ fn pipelining_flood_is_bounded() {
     assert_eq!(out.len(), request::MAX_IN_FLIGHT);
     assert!(out
         .iter()
-        .all(|t| t.abort_reason == Some(AbortReason::ConnectionClosed)));
+        .all(|t| t.abort_reason == Some(AbortReason::ServerClosed)));
 }
 
 #[test]
@@ -1346,6 +1357,7 @@ fn fuzz_random_bytes_never_panic() {
     let config = StitchConfig {
         max_buffered_bytes: 512,
         max_connections: 3,
+        ..StitchConfig::default()
     };
     let mut sim = Sim::with_config(config);
     let mut ts = 10;
@@ -1410,6 +1422,10 @@ fn fuzz_mutated_http_never_panics_and_reports_each_request_once() {
     assert!(stats.requests_completed > 100, "{stats:?}");
     assert!(stats.parse_errors > 0, "{stats:?}");
 }
+
+// ---- Request ingress, who closed, request ids: see tests/wire.rs ----
+
+mod wire;
 
 // ---- TLS ----
 
@@ -1491,6 +1507,7 @@ fn tls_connections_are_keyed_by_ssl_pointer_and_closed_by_ssl_free() {
         comm: COMM.to_owned(),
         ts: 40,
         addrs: None,
+        established: None,
     }));
     let aborted = sim.one();
     assert_eq!(aborted.conn, a);

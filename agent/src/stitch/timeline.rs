@@ -24,7 +24,19 @@ pub enum BodyKind {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AbortReason {
-    /// The server closed the socket before the response was complete.
+    /// The client left first: its FIN or RST arrived, or a write failed
+    /// with EPIPE/ECONNRESET, before the response was complete, and the
+    /// connection then ended without completing it; or an RST (a client
+    /// that is certainly gone) arrived before the server finished writing
+    /// it. A FIN alone before a response that then completes is a
+    /// half-close, not a cancellation.
+    ClientClosed,
+    /// The server closed the connection with this request unanswered or
+    /// its response unfinished, while the client was still there.
+    ServerClosed,
+    /// The connection ended and who ended it is unknown: its fd was reused
+    /// before its close was seen (events lost), or a TLS connection whose
+    /// socket could not be tied to its `SSL*` (no peer events for it).
     ConnectionClosed,
     /// The server process exited (crashed, was killed) mid-request.
     ProcessExited,
@@ -61,8 +73,28 @@ pub struct RequestTimeline {
     pub tracestate: Option<String>,
     /// Model named in the request body prefix or the response, when seen.
     pub model: Option<String>,
-    /// Exit time of the read that brought the first byte of the request.
+    /// When the request's first byte reached the host (the kernel's receive
+    /// path dated it, possibly before the connection was accepted); the
+    /// read's exit (`read_start`) when that is unknown. TTFT, E2E and chunk
+    /// offsets count from here.
     pub request_start: MonoNs,
+    /// Exit time of the read that brought the first byte of the request.
+    pub read_start: MonoNs,
+    /// `request_start` came from the kernel's receive path (else it is the
+    /// read: the request arrived before its socket was tracked).
+    pub ingress_known: bool,
+    /// First request of a connection: connection established → `accept()`
+    /// returned.
+    pub accept_wait_ns: Option<u64>,
+    /// First request of a TLS connection: its first byte (the ClientHello)
+    /// reached the host → `SSL_do_handshake` succeeded.
+    pub tls_handshake_ns: Option<u64>,
+    /// Values of the configured request-id headers present, in config order
+    /// (lower-case names; values only, bounded).
+    pub request_headers: Vec<(String, String)>,
+    /// Chunks emitted at or after the client left (its FIN or RST), when
+    /// the request ended [`AbortReason::ClientClosed`].
+    pub chunks_after_client_closed: u32,
     /// Exit time of the read that completed the request (headers + body).
     pub request_end: MonoNs,
     pub request_bytes: u64,
@@ -114,6 +146,23 @@ impl RequestTimeline {
             _ => self.first_body_byte,
         }?;
         Some(first.saturating_sub(self.request_start))
+    }
+
+    /// Time the request waited in the socket (arrival → the server's read).
+    pub fn socket_wait_ns(&self) -> Option<u64> {
+        self.ingress_known
+            .then(|| self.read_start.saturating_sub(self.request_start))
+    }
+
+    /// TTFT counted from the server's read, as the server itself sees it.
+    pub fn ttft_from_read_ns(&self) -> Option<u64> {
+        let ttft = self.ttft_ns()?;
+        Some(ttft.saturating_sub(self.read_start.saturating_sub(self.request_start)))
+    }
+
+    /// The first configured request-id header present.
+    pub fn request_id(&self) -> Option<&str> {
+        self.request_headers.first().map(|(_, v)| v.as_str())
     }
 
     /// Request start to response end (or abort).

@@ -51,6 +51,23 @@ enum tt_event_kind {
 	 * the agent attaches the child's uprobes, which a fork does not copy.
 	 * Uses tt_proc_event: hdr.tgid is the child, ppid the parent. */
 	TT_EVENT_FORK = 13,
+	/* The peer of a traced connection closed it (FIN or RST), or a write
+	 * failed because it had (EPIPE/ECONNRESET). Uses tt_conn_event with
+	 * `reason` an enum tt_peer_close. */
+	TT_EVENT_PEER_CLOSED = 14,
+	/* SSL_do_handshake succeeded on a traced SSL*. Uses tt_conn_event:
+	 * sock_ino = the SSL*, fd = its socket (-1 if unknown), start_ns = when
+	 * the connection's first byte (the ClientHello) reached the host. */
+	TT_EVENT_TLS_HANDSHAKE = 15,
+};
+
+/* How the peer ended a connection (tt_conn_event.reason of
+ * TT_EVENT_PEER_CLOSED). */
+enum tt_peer_close {
+	TT_PEER_FIN = 1,
+	TT_PEER_RST = 2,
+	TT_PEER_WRITE_EPIPE = 3,
+	TT_PEER_WRITE_ECONNRESET = 4,
 };
 
 /* The `llm` USDT provider's probes (instrument/README.md has the argument
@@ -143,6 +160,10 @@ struct tt_data_event {
 	 * (held by Nagle, cwnd or the peer's window). */
 	__u32 unsent_bytes;
 	__u32 _pad2;
+	/* Ingress: when the oldest byte this read returned reached the host
+	 * (tcp_probe at the start of tcp_rcv_established); 0 if unknown (it
+	 * arrived before the socket was tracked). */
+	__u64 ingress_ns;
 	struct tt_sock_addrs addrs;
 };
 
@@ -153,7 +174,10 @@ struct tt_conn_event {
 	struct tt_event_header hdr;
 	__u64 sock_ino;
 	__s32 fd;
-	__u32 _pad;
+	__u32 reason; /* TT_EVENT_PEER_CLOSED: enum tt_peer_close, else 0 */
+	/* Accept: when the connection became ESTABLISHED (the handshake's last
+	 * ACK reached the host; 0 if unknown). TLS handshake: see its kind. */
+	__u64 start_ns;
 	struct tt_sock_addrs addrs;
 };
 

@@ -86,16 +86,30 @@ struct {
 	__type(value, __s32);
 } ssl_fds SEC(".maps");
 
-/* The socket a thread last read from. With a memory BIO (Python's asyncio
- * SSL transport) the socket read happens outside OpenSSL, just before the
+/* The socket a thread last read from, and when the oldest byte of that
+ * read reached the host. With a memory BIO (Python's asyncio SSL
+ * transport) the socket read happens outside OpenSSL, just before the
  * SSL_read of the same connection on the same event-loop thread: the best
- * evidence of which socket an SSL* uses when no read nests in the call. */
+ * evidence of which socket an SSL* uses when no read nests in the call.
+ * Either way (nested or not) the plaintext an SSL_read returns came in
+ * with the thread's latest read of that socket, which dates it: by its
+ * oldest byte, or by its newest when a handshake consumed the start of it
+ * (a memory BIO fed the client's Finished and the first request together;
+ * the request is the tail). */
+struct last_read {
+	__s32 fd;
+	/* SSL_do_handshake completed on this read's bytes. */
+	__u32 after_handshake;
+	__u64 ingress_ns;
+	__u64 newest_ns;
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
 	__type(key, __u64);
-	__type(value, __s32);
-} last_read_fd SEC(".maps");
+	__type(value, struct last_read);
+} last_read SEC(".maps");
 
 /* Per-CPU staging area for one data record: the fixed fields, then the
  * payload. Copies are bounded for the verifier with masks (clang reorders
@@ -126,6 +140,8 @@ struct {
 	__type(value, struct data_scratch);
 } scratch SEC(".maps");
 
+#include "sock_state.bpf.h"
+
 /* Keep the record types in BTF so libbpf-cargo generates Rust types. */
 struct tt_data_event _data_event = {};
 struct tt_conn_event _conn_event = {};
@@ -135,11 +151,7 @@ struct tt_nagle_event _nagle_event = {};
 enum tt_event_kind _event_kind = 0;
 enum tt_direction _direction = 0;
 enum tt_io_call _io_call = 0;
-
-
-
-
-
+enum tt_peer_close _peer_close = 0;
 
 /* ---- data path ---------------------------------------------------------- */
 
@@ -208,49 +220,6 @@ static __always_inline __u32 copy_iov(__u8 *dst, __u64 iov_ptr, __u32 iovcnt, __
 	return off;
 }
 
-/* Bytes left unsent by a write, per socket, until an incoming ACK releases
- * them: the time Nagle (or a full window) held a token back. */
-struct nagle_hold {
-	__u64 write_ts;
-	__u64 sock_ino;
-	__u32 tgid;
-	__u32 tid;
-	__u32 unsent;
-	__u32 _pad;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64); /* struct sock * */
-	__type(value, struct nagle_hold);
-} nagle_holds SEC(".maps");
-
-static __always_inline void note_unsent(struct sock *sk, __u64 ino, __u64 ts_enter, struct tt_data_event *e)
-{
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
-	__u32 write_seq = BPF_CORE_READ(tp, write_seq);
-	__u32 snd_nxt = BPF_CORE_READ(tp, snd_nxt);
-	__u8 nonagle = BPF_CORE_READ_BITFIELD_PROBED(tp, nonagle);
-	__u32 unsent = write_seq - snd_nxt;
-	__u64 key = (__u64)sk;
-
-	/* TCP_NAGLE_OFF (1) is TCP_NODELAY; TCP_NAGLE_CORK (2) holds on purpose. */
-	e->tcp_nodelay = (nonagle & 1) ? 1 : 0;
-	e->unsent_bytes = unsent > (1u << 30) ? 0 : unsent;
-	if (e->unsent_bytes == 0 || bpf_map_lookup_elem(&nagle_holds, &key))
-		return;
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct nagle_hold hold = {
-		.write_ts = ts_enter,
-		.sock_ino = ino,
-		.tgid = pid_tgid >> 32,
-		.tid = (__u32)pid_tgid,
-		.unsent = e->unsent_bytes,
-	};
-	bpf_map_update_elem(&nagle_holds, &key, &hold, BPF_ANY);
-}
-
 /* Sends the staged record with its first `captured` payload bytes (shared
  * by the syscall and OpenSSL data paths). */
 static __always_inline int submit_data(struct data_scratch *s, __u32 captured)
@@ -276,11 +245,29 @@ static __always_inline int exit_io(long ret)
 		return 0;
 	struct io_args a = *args;
 	bpf_map_delete_elem(&active_io, &pid_tgid);
-	if (ret <= 0)
+	if (ret <= 0) {
+		/* A write the peer refused: it is gone (reset, or closed and reset
+		 * by now). The socket's own hooks usually told already; this also
+		 * covers sockets whose RST came before they were tracked. */
+		if (a.direction == TT_DIR_EGRESS && (ret == -TT_EPIPE || ret == -TT_ECONNRESET)) {
+			struct sock *sk = tcp_sock_of_fd(a.fd, &ino);
+			struct sock_state *st = sk ? own_sock(sk, ino, a.fd) : NULL;
+			if (st)
+				peer_closed(st, sk, ret == -TT_EPIPE ? TT_PEER_WRITE_EPIPE : TT_PEER_WRITE_ECONNRESET);
+		}
 		return 0;
+	}
 	struct sock *sk = tcp_sock_of_fd(a.fd, &ino);
 	if (!sk)
 		return 0;
+	struct sock_state *st = own_sock(sk, ino, a.fd);
+	__u64 ingress = 0, newest = 0;
+	if (a.direction == TT_DIR_INGRESS) {
+		if (st)
+			ingress = read_ingress(sk, st, ret, &newest);
+		struct last_read lr = { .fd = a.fd, .ingress_ns = ingress, .newest_ns = newest };
+		bpf_map_update_elem(&last_read, &pid_tgid, &lr, BPF_ANY);
+	}
 
 	struct ssl_call *in_ssl = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
 	if (in_ssl) {
@@ -290,9 +277,6 @@ static __always_inline int exit_io(long ret)
 		bpf_map_update_elem(&ssl_fds, &key, &a.fd, BPF_ANY);
 		return 0;
 	}
-
-	if (a.direction == TT_DIR_INGRESS)
-		bpf_map_update_elem(&last_read_fd, &pid_tgid, &a.fd, BPF_ANY);
 
 	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &zero_key);
 	if (!s) {
@@ -309,8 +293,9 @@ static __always_inline int exit_io(long ret)
 	e->call = a.call;
 	e->tcp_nodelay = 0;
 	e->unsent_bytes = 0;
+	e->ingress_ns = ingress;
 	if (a.direction == TT_DIR_EGRESS)
-		note_unsent(sk, ino, a.ts_enter, e);
+		note_unsent(st, sk, a.ts_enter, e);
 	fill_addrs(sk, &e->addrs);
 
 	__u32 limit = capture_bytes < (__u32)ret ? capture_bytes : (__u32)ret;
@@ -414,6 +399,15 @@ static __always_inline int emit_conn(__u32 kind, int fd)
 	struct sock *sk = tcp_sock_of_fd(fd, &ino);
 	if (!sk)
 		return 0;
+	__u64 established = 0;
+	if (kind == TT_EVENT_ACCEPT) {
+		/* Its listener is a traced one from now on (one lookup when it
+		 * already is), and the connection is ours. */
+		mark_listener(sk);
+		struct sock_state *st = own_sock(sk, ino, fd);
+		if (st)
+			established = st->established_ns;
+	}
 	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
@@ -422,35 +416,19 @@ static __always_inline int emit_conn(__u32 kind, int fd)
 	fill_header(&e->hdr, kind);
 	e->sock_ino = ino;
 	e->fd = fd;
-	e->_pad = 0;
+	e->reason = 0;
+	e->start_ns = established;
 	fill_addrs(sk, &e->addrs);
 	bpf_ringbuf_submit(e, wakeup_flags());
 	return 0;
 }
 
-/* accept and listen only need to know that the syscall was entered: the
- * fd they act on is the return value (accept) or the first argument
- * (listen), kept in active_io like the data path. */
-SEC("tracepoint/syscalls/sys_enter_accept")
-int enter_accept(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(-1, 0, 0, 0, TT_DIR_INGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_accept4")
-int enter_accept4(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(-1, 0, 0, 0, TT_DIR_INGRESS);
-}
-
+/* accept returns the new connection's fd. Only the exit is probed: a
+ * server is usually blocked in accept() when tracing starts, and the
+ * connection that call returns must not be missed. */
 static __always_inline int exit_accept(long ret)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-
-	if (!bpf_map_lookup_elem(&active_io, &pid_tgid))
-		return 0;
-	bpf_map_delete_elem(&active_io, &pid_tgid);
-	if (ret < 0)
+	if (ret < 0 || !is_traced(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 	return emit_conn(TT_EVENT_ACCEPT, ret);
 }
@@ -479,16 +457,25 @@ int enter_close(struct trace_event_raw_sys_enter *ctx)
  * selects by port or automatically (`report_listens`), so servers started
  * after it are found. Read at entry: the port is bound by then (a listen
  * that autobinds reports port 0, a failing one is reported anyway; both
- * only make the agent look at a process). */
+ * only make the agent look at a process). A traced process's listener is
+ * marked for ingress timing either way (one lookup more per listen()). */
 SEC("tracepoint/syscalls/sys_enter_listen")
 int enter_listen(struct trace_event_raw_sys_enter *ctx)
 {
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 ino = 0;
 
-	if (!report_listens || (bpf_get_current_pid_tgid() >> 32) == agent_tgid)
+	if (tgid == agent_tgid)
+		return 0;
+	bool traced = is_traced(tgid);
+	if (!report_listens && !traced)
 		return 0;
 	struct sock *sk = tcp_sock_of_fd(ARG(0), &ino);
 	if (!sk)
+		return 0;
+	if (traced)
+		mark_listener(sk);
+	if (!report_listens)
 		return 0;
 	struct tt_listen_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -641,6 +628,46 @@ int BPF_UPROBE(ssl_handshake_enter)
 	return ssl_enter(ctx, TT_IO_SSL_HANDSHAKE, TT_DIR_INGRESS, false);
 }
 
+/* SSL_do_handshake succeeded: the handshake ran from the arrival of the
+ * connection's first byte (the ClientHello) to now. */
+static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid)
+{
+	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = ssl };
+	__s32 *fdp = bpf_map_lookup_elem(&ssl_fds, &key);
+	__s32 fd = -1;
+	__u64 start = 0, ino = 0;
+
+	struct last_read *lr = bpf_map_lookup_elem(&last_read, &pid_tgid);
+	if (!fdp && lr)
+		fdp = &lr->fd;
+	if (lr && fdp && lr->fd == *fdp)
+		lr->after_handshake = 1;
+	struct sock *sk = fdp ? tcp_sock_of_fd(*fdp, &ino) : NULL;
+	if (sk) {
+		__u64 skey = (__u64)sk;
+		struct sock_state *st = bpf_map_lookup_elem(&sock_states, &skey);
+		fd = *fdp;
+		if (st)
+			start = st->first_ingress_ns ? st->first_ingress_ns : st->established_ns;
+	}
+	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_TLS_HANDSHAKE);
+	e->sock_ino = ssl;
+	e->fd = fd;
+	e->reason = 0;
+	e->start_ns = start;
+	if (sk)
+		fill_addrs(sk, &e->addrs);
+	else
+		__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
+
 /* One return probe for every SSL call above. */
 SEC("uretprobe")
 int BPF_URETPROBE(ssl_exit, long ret)
@@ -659,7 +686,7 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	int rc = (int)ret;
 	bpf_map_delete_elem(&ssl_calls, &pid_tgid);
 	if (c.call == TT_IO_SSL_HANDSHAKE)
-		return 0;
+		return rc == 1 ? handshake_done(c.ssl, pid_tgid) : 0;
 	if (c.out_len) {
 		/* _ex, and the internal helpers with their arguments: > 0 on
 		 * success (the helpers may return other positive values), the
@@ -689,13 +716,18 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	e->call = c.call;
 	e->tcp_nodelay = 0;
 	e->unsent_bytes = 0;
+	e->ingress_ns = 0;
 	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
 	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
-	if (!fd && c.direction == TT_DIR_INGRESS) {
-		fd = bpf_map_lookup_elem(&last_read_fd, &pid_tgid);
-		if (fd)
-			bpf_map_update_elem(&ssl_fds, &key, fd, BPF_ANY);
+	struct last_read *lr = c.direction == TT_DIR_INGRESS ? bpf_map_lookup_elem(&last_read, &pid_tgid) : NULL;
+	if (!fd && lr) {
+		fd = &lr->fd;
+		bpf_map_update_elem(&ssl_fds, &key, fd, BPF_ANY);
+	}
+	if (lr && fd && lr->fd == *fd) {
+		e->ingress_ns = lr->after_handshake ? lr->newest_ns : lr->ingress_ns;
+		lr->after_handshake = 0;
 	}
 	if (fd) {
 		__u64 ino = 0;
@@ -728,7 +760,8 @@ int BPF_UPROBE(ssl_free_enter)
 	fill_header(&e->hdr, TT_EVENT_CLOSE);
 	e->sock_ino = key.ssl;
 	e->fd = -1;
-	e->_pad = 0;
+	e->reason = 0;
+	e->start_ns = 0;
 	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
 	bpf_ringbuf_submit(e, wakeup_flags());
 	return 0;
@@ -760,36 +793,74 @@ int enter_mmap(struct trace_event_raw_sys_enter *ctx)
 	return 0;
 }
 
-/* An incoming segment on a socket with held bytes: its ACK releases them
- * (tcp_probe runs at the start of tcp_rcv_established; the held segment
- * goes out right after, in the same softirq). Runs in softirq context, so
- * the record's header comes from the writer, not the current task. */
+/* ---- softirq hooks on traced sockets (see sock_state.bpf.h) --------------
+ * Each starts with one lookup and returns there for a socket nobody traces. */
+
+/* Start of tcp_rcv_established: every segment of an established
+ * connection, accepted or still in the accept queue. Its ACK releases held
+ * bytes; its payload is dated for the read that will consume it. */
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
 	__u64 key = (__u64)sk;
-	struct nagle_hold *hold = bpf_map_lookup_elem(&nagle_holds, &key);
+	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
 
-	if (!hold)
+	if (!st)
 		return 0;
-	struct nagle_hold h = *hold;
-	bpf_map_delete_elem(&nagle_holds, &key);
-	if (bpf_ktime_get_ns() - h.write_ts < hold_min_ns)
-		return 0;
-	struct tt_nagle_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		__sync_fetch_and_add(&ringbuf_drops, 1);
+	__u64 now = bpf_ktime_get_ns();
+	release_hold(st, now);
+	note_ingress(st, sk, skb, now);
+	return 0;
+}
+
+/* Passive open completed (SYN_RECV -> ESTABLISHED, softirq, before any
+ * accept): connections to a traced listener get state now, so bytes that
+ * wait in the accept queue are dated. The peer's FIN on a traced
+ * connection (ESTABLISHED -> CLOSE_WAIT) is reported. Other transitions
+ * cost a comparison. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
+{
+	if (oldstate == TT_TCP_SYN_RECV && newstate == TT_TCP_ESTABLISHED) {
+		struct listen_key lk = listen_key_of(sk);
+		if (!bpf_map_lookup_elem(&ingress_listeners, &lk))
+			return 0;
+		__u64 key = (__u64)sk;
+		struct sock_state fresh = {
+			.established_ns = bpf_ktime_get_ns(),
+			.est_rcv_nxt = BPF_CORE_READ((struct tcp_sock *)sk, rcv_nxt),
+		};
+		bpf_map_update_elem(&sock_states, &key, &fresh, BPF_ANY);
 		return 0;
 	}
-	__builtin_memset(&e->hdr, 0, sizeof(e->hdr));
-	e->hdr.kind = TT_EVENT_NAGLE;
-	e->hdr.tgid = h.tgid;
-	e->hdr.tid = h.tid;
-	e->hdr.ts_ns = bpf_ktime_get_ns();
-	e->sock_ino = h.sock_ino;
-	e->write_ts_ns = h.write_ts;
-	e->held_bytes = h.unsent;
-	e->_pad = 0;
-	bpf_ringbuf_submit(e, wakeup_flags());
+	if (oldstate == TT_TCP_ESTABLISHED && newstate == TT_TCP_CLOSE_WAIT) {
+		__u64 key = (__u64)sk;
+		struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
+		if (st)
+			peer_closed(st, sk, TT_PEER_FIN);
+	}
+	return 0;
+}
+
+/* An RST arrived on a socket (rare). */
+SEC("tp_btf/tcp_receive_reset")
+int BPF_PROG(on_tcp_reset, struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
+
+	if (st)
+		peer_closed(st, sk, TT_PEER_RST);
+	return 0;
+}
+
+/* The kernel frees the socket: its state goes with it (one delete, which
+ * is one lookup for an untraced socket). */
+SEC("tp_btf/tcp_destroy_sock")
+int BPF_PROG(on_tcp_destroy, struct sock *sk)
+{
+	__u64 key = (__u64)sk;
+
+	bpf_map_delete_elem(&sock_states, &key);
 	return 0;
 }

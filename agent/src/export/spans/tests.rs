@@ -28,7 +28,7 @@ fn settings() -> SpanSettings {
 
 /// An SSE stream: request read in 1 ms, first event at 40 ms, then one
 /// every 15 ms except a 150 ms stall before chunk 3, `[DONE]` at the end.
-fn sse() -> RequestTimeline {
+pub(crate) fn sse() -> RequestTimeline {
     let chunks = [40, 55, 70, 220, 235].map(|ms| T0 + ms * MS).to_vec();
     RequestTimeline {
         conn: ConnId {
@@ -47,6 +47,12 @@ fn sse() -> RequestTimeline {
         tracestate: Some("vendor=1".into()),
         model: Some("llama-3-8b".into()),
         request_start: T0,
+        read_start: T0,
+        ingress_known: true,
+        accept_wait_ns: None,
+        tls_handshake_ns: None,
+        request_headers: Vec::new(),
+        chunks_after_client_closed: 0,
         request_end: T0 + MS,
         request_bytes: 300,
         status: Some(200),
@@ -145,6 +151,61 @@ fn phases_are_children_of_the_server_span() {
     );
     let ids: std::collections::HashSet<Vec<u8>> = spans.iter().map(|s| s.span_id.clone()).collect();
     assert_eq!(ids.len(), spans.len(), "span ids are distinct");
+}
+
+#[test]
+fn socket_wait_is_a_phase_and_ids_are_header_attributes() {
+    let mut t = sse();
+    // Arrived 3 ms before the server read it; the server span starts there.
+    t.request_start = T0 - 3 * MS;
+    t.accept_wait_ns = Some(2 * MS);
+    t.request_headers = vec![("x-request-id".into(), "req-42".into())];
+    t.aborted = true;
+    t.abort_reason = Some(AbortReason::ClientClosed);
+    t.chunks_after_client_closed = 2;
+    let spans = timeline_spans(&t, &clock(), &mut IdGenerator::with_seed(1), &settings());
+    assert_eq!(spans[0].start_time_unix_nano, unix(0) - 3_000_000);
+    let phases: Vec<(&str, u64, u64)> = spans[1..3]
+        .iter()
+        .map(|s| {
+            (
+                s.name.as_str(),
+                s.start_time_unix_nano,
+                s.end_time_unix_nano,
+            )
+        })
+        .collect();
+    assert_eq!(
+        phases,
+        vec![
+            ("wait in socket", unix(0) - 3_000_000, unix(0)),
+            ("read request", unix(0), unix(1)),
+        ]
+    );
+    let header = attr(&spans[0], "http.request.header.x-request-id");
+    let Some(Value::ArrayValue(values)) = header else {
+        panic!("a string array, got {header:?}")
+    };
+    assert_eq!(
+        values.values[0].value,
+        Some(Value::StringValue("req-42".into()))
+    );
+    assert_eq!(
+        attr(&spans[0], "tokentrace.socket_wait_ms"),
+        Some(&Value::DoubleValue(3.0))
+    );
+    assert_eq!(
+        attr(&spans[0], "tokentrace.accept_wait_ms"),
+        Some(&Value::DoubleValue(2.0))
+    );
+    assert_eq!(
+        attr(&spans[0], "tokentrace.chunks_after_client_closed"),
+        Some(&Value::IntValue(2))
+    );
+    assert_eq!(
+        attr(&spans[0], "error.type"),
+        Some(&Value::StringValue("client_closed".into()))
+    );
 }
 
 #[test]

@@ -1,0 +1,289 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Per-socket state of traced TCP connections, shared by the softirq hooks
+ * (tcp_probe, inet_sock_set_state, tcp_receive_reset, tcp_destroy_sock)
+ * and the syscall probes of sock.bpf.c:
+ *
+ * - ingress: when the bytes still unread in the receive queue reached the
+ *   host, so the read that consumes a request's first byte can report when
+ *   the request arrived, not when the server got around to reading it;
+ * - when a passively opened connection became ESTABLISHED (accept wait);
+ * - who owns it (tgid, fd, inode), for records sent from softirq context;
+ * - the Nagle hold: bytes a write left unsent until an ACK released them.
+ *
+ * Cost model: every hook starts with ONE lookup in `sock_states`, keyed by
+ * the `struct sock *`; a socket nobody traces has no entry and the hook
+ * returns there. Entries are created only for traced sockets: at the
+ * handshake's end for connections to a listener in `ingress_listeners`
+ * (one hash lookup per passive open, none per packet), and at the first
+ * read or write of a traced process on any other TCP socket. They go when
+ * the kernel destroys the socket (tcp_destroy_sock), so a reused `struct
+ * sock` address never inherits state; the LRU bound covers the rest.
+ *
+ * Consistency without locks: the ingress segments are written only by the
+ * tcp_probe hook, which the kernel serialises per socket (softirq under the
+ * socket spinlock, or backlog processing by the lock owner); readers copy
+ * and validate. The hold fields are set by writers and cleared by the hook,
+ * as a plain flag (`hold_write_ts`).
+ */
+#ifndef TOKENTRACE_SOCK_STATE_BPF_H
+#define TOKENTRACE_SOCK_STATE_BPF_H
+
+#define TT_TCP_ESTABLISHED 1
+#define TT_TCP_SYN_RECV 3
+#define TT_TCP_CLOSE_WAIT 8
+#define TT_EPIPE 32
+#define TT_ECONNRESET 104
+
+/* Ingress segments remembered per socket while their bytes are unread. A
+ * request usually fits one; more queue only when the server is behind on
+ * a connection (pipelining, a large body). Past the last one, later bytes
+ * are dated by the last segment's arrival (never later than the truth for
+ * the byte that opens the range, earlier for the bytes after it). */
+#define INGRESS_SEGS 4
+
+struct ingress_seg {
+	__u32 start; /* first new sequence number the segment brought */
+	__u32 end; /* one past its last */
+	__u64 ts; /* when it reached tcp_rcv_established; 0 = empty slot */
+};
+
+struct sock_state {
+	struct ingress_seg segs[INGRESS_SEGS];
+	/* Passive open: when the handshake completed, and rcv_nxt then (the
+	 * sequence number of the connection's first data byte). */
+	__u64 established_ns;
+	__u32 est_rcv_nxt;
+	__u32 _pad0;
+	/* When the connection's first data byte reached the host (a TLS
+	 * connection's ClientHello). */
+	__u64 first_ingress_ns;
+	/* Owner, filled by the traced process's accept/read/write. */
+	__u32 tgid;
+	__u64 sock_ino;
+	__s32 fd;
+	__u32 _pad;
+	/* Nagle hold (see note_unsent); hold_write_ts = 0: none. */
+	__u64 hold_write_ts;
+	__u32 hold_tid;
+	__u32 hold_unsent;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 32768);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct sock_state);
+} sock_states SEC(".maps");
+
+/* Listening endpoints of traced processes: connections to them get state
+ * from their first packet, before anyone accepts them. Filled by the agent
+ * from /proc when it starts tracing a process, and by the probes at
+ * listen() and accept() of traced processes. */
+struct listen_key {
+	__u32 netns; /* network namespace inode number */
+	__u16 port;
+	__u16 _pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, struct listen_key);
+	__type(value, __u8);
+} ingress_listeners SEC(".maps");
+
+static __always_inline bool seq_before(__u32 a, __u32 b)
+{
+	return (__s32)(a - b) < 0;
+}
+
+static __always_inline struct listen_key listen_key_of(struct sock *sk)
+{
+	struct listen_key k = {
+		.netns = BPF_CORE_READ(sk, __sk_common.skc_net.net, ns.inum),
+		.port = BPF_CORE_READ(sk, __sk_common.skc_num),
+	};
+	return k;
+}
+
+/* Marks the local endpoint of `sk` (a listener, or a connection accepted
+ * from one) as a traced listener. */
+static __always_inline void mark_listener(struct sock *sk)
+{
+	struct listen_key k = listen_key_of(sk);
+	__u8 one = 1;
+
+	if (!bpf_map_lookup_elem(&ingress_listeners, &k))
+		bpf_map_update_elem(&ingress_listeners, &k, &one, BPF_NOEXIST);
+}
+
+/* The state of a socket a traced process uses, created if missing, with the
+ * owner filled in. NULL only when the map refuses the entry. */
+static __always_inline struct sock_state *own_sock(struct sock *sk, __u64 ino, int fd)
+{
+	__u64 key = (__u64)sk;
+	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
+
+	if (!st) {
+		struct sock_state fresh = {};
+		bpf_map_update_elem(&sock_states, &key, &fresh, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&sock_states, &key);
+		if (!st)
+			return NULL;
+	}
+	if (st->sock_ino != ino || st->fd != fd) {
+		st->tgid = bpf_get_current_pid_tgid() >> 32;
+		st->sock_ino = ino;
+		st->fd = fd;
+	}
+	return st;
+}
+
+/* When the byte at sequence number `seq` reached the host (0 if unknown). */
+static __always_inline __u64 byte_arrival(struct sock_state *st, __u32 seq)
+{
+	for (int i = 0; i < INGRESS_SEGS; i++) {
+		struct ingress_seg seg = st->segs[i];
+		if (seg.ts && !seq_before(seq, seg.start) && seq_before(seq, seg.end))
+			return seg.ts;
+	}
+	/* The connection's first byte with no segment for it: it came with the
+	 * ACK that completed the handshake (handled by tcp_rcv_state_process,
+	 * where tcp_probe does not fire), in the same softirq. */
+	if (st->established_ns && seq == st->est_rcv_nxt)
+		return st->established_ns;
+	return 0;
+}
+
+/* When the oldest and the newest of the `ret` bytes a read just returned
+ * reached the host (0 if unknown). copied_seq has already moved past them. */
+static __always_inline __u64 read_ingress(struct sock *sk, struct sock_state *st, __u32 ret, __u64 *newest)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	__u32 end = BPF_CORE_READ(tp, copied_seq);
+
+	*newest = byte_arrival(st, end - 1);
+	return byte_arrival(st, end - ret);
+}
+
+/* tcp_probe: an incoming segment with new bytes is remembered until they
+ * are read. Slots whose bytes were all read are reused. */
+static __always_inline void note_ingress(struct sock_state *st, struct sock *sk, const struct sk_buff *skb,
+					 __u64 now)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	struct tcphdr th = {};
+	unsigned char *data = BPF_CORE_READ(skb, data);
+	__u32 skb_len = BPF_CORE_READ(skb, len);
+
+	if (bpf_probe_read_kernel(&th, sizeof(th), data))
+		return;
+	__u32 hdr_len = th.doff * 4;
+	if (skb_len <= hdr_len)
+		return; /* a pure ACK */
+	__u32 seq = bpf_ntohl(th.seq);
+	__u32 end = seq + (skb_len - hdr_len);
+	__u32 rcv_nxt = BPF_CORE_READ(tp, rcv_nxt);
+	__u32 copied = BPF_CORE_READ(tp, copied_seq);
+
+	if (!seq_before(rcv_nxt, end))
+		return; /* nothing new: a retransmission of bytes already queued */
+	__u32 start = seq_before(rcv_nxt, seq) ? seq : rcv_nxt;
+
+	struct ingress_seg keep[INGRESS_SEGS] = {};
+	__u32 n = 0;
+	for (int i = 0; i < INGRESS_SEGS; i++) {
+		struct ingress_seg seg = st->segs[i];
+		if (seg.ts && seq_before(copied, seg.end) && n < INGRESS_SEGS) {
+			keep[n & (INGRESS_SEGS - 1)] = seg;
+			n++;
+		}
+	}
+	if (n < INGRESS_SEGS) {
+		keep[n & (INGRESS_SEGS - 1)].start = start;
+		keep[n & (INGRESS_SEGS - 1)].end = end;
+		keep[n & (INGRESS_SEGS - 1)].ts = now;
+	} else if (seq_before(keep[INGRESS_SEGS - 1].end, end)) {
+		keep[INGRESS_SEGS - 1].end = end;
+	}
+	__builtin_memcpy(st->segs, keep, sizeof(keep));
+	if (!st->first_ingress_ns)
+		st->first_ingress_ns = now;
+}
+
+/* Bytes left unsent by a write, until an incoming ACK releases them: the
+ * time Nagle (or a full window) held a token back. */
+static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, __u64 ts_enter,
+					struct tt_data_event *e)
+{
+	struct tcp_sock *tp = (struct tcp_sock *)sk;
+	__u32 write_seq = BPF_CORE_READ(tp, write_seq);
+	__u32 snd_nxt = BPF_CORE_READ(tp, snd_nxt);
+	__u8 nonagle = BPF_CORE_READ_BITFIELD_PROBED(tp, nonagle);
+	__u32 unsent = write_seq - snd_nxt;
+
+	/* TCP_NAGLE_OFF (1) is TCP_NODELAY; TCP_NAGLE_CORK (2) holds on purpose. */
+	e->tcp_nodelay = (nonagle & 1) ? 1 : 0;
+	e->unsent_bytes = unsent > (1u << 30) ? 0 : unsent;
+	if (e->unsent_bytes == 0 || !st || st->hold_write_ts)
+		return;
+	st->hold_tid = (__u32)bpf_get_current_pid_tgid();
+	st->hold_unsent = e->unsent_bytes;
+	st->hold_write_ts = ts_enter;
+}
+
+/* tcp_probe: the incoming segment's ACK releases held bytes (the held
+ * segment goes out right after, in the same softirq). Runs in softirq
+ * context, so the record's header comes from the writer. */
+static __always_inline void release_hold(struct sock_state *st, __u64 now)
+{
+	__u64 write_ts = st->hold_write_ts;
+
+	if (!write_ts)
+		return;
+	st->hold_write_ts = 0;
+	if (now - write_ts < hold_min_ns)
+		return;
+	struct tt_nagle_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return;
+	}
+	__builtin_memset(&e->hdr, 0, sizeof(e->hdr));
+	e->hdr.kind = TT_EVENT_NAGLE;
+	e->hdr.tgid = st->tgid;
+	e->hdr.tid = st->hold_tid;
+	e->hdr.ts_ns = now;
+	e->sock_ino = st->sock_ino;
+	e->write_ts_ns = write_ts;
+	e->held_bytes = st->hold_unsent;
+	e->_pad = 0;
+	bpf_ringbuf_submit(e, wakeup_flags());
+}
+
+/* The peer ended the connection: reported for the owner (softirq context:
+ * the current task is anyone). Connections no traced process touched yet
+ * are not reported; their accept will find them closed. */
+static __always_inline void peer_closed(struct sock_state *st, struct sock *sk, __u32 reason)
+{
+	if (!st->tgid)
+		return;
+	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return;
+	}
+	__builtin_memset(&e->hdr, 0, sizeof(e->hdr));
+	e->hdr.kind = TT_EVENT_PEER_CLOSED;
+	e->hdr.tgid = st->tgid;
+	e->hdr.ts_ns = bpf_ktime_get_ns();
+	e->sock_ino = st->sock_ino;
+	e->fd = st->fd;
+	e->reason = reason;
+	e->start_ns = 0;
+	fill_addrs(sk, &e->addrs);
+	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
+}
+
+#endif /* TOKENTRACE_SOCK_STATE_BPF_H */

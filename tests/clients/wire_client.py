@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Burst client for the request-ingress tests (stdlib only, raw sockets).
+
+  python3 tests/clients/wire_client.py --port P --connections N
+      [--tokens T] [--delay-ms D] [--ttft-ms F] [--path /stream]
+      [--rid-prefix X] [--tls] [--close-after K] [--request-id-header]
+      [--timeout S]
+
+N threads each open ONE connection (and, with --tls, finish the handshake),
+wait at a barrier, then all send one request at once:
+GET PATH?rid=<prefix><i>&tokens=T&delay_ms=D&ttft_ms=F. --request-id-header
+adds ``X-Request-Id: req-<prefix><i>``. --close-after K closes the socket
+right after the K-th event arrived (a client that walks away mid-stream).
+
+One JSON line per connection on stdout, CLOCK_MONOTONIC ns
+(time.monotonic_ns, the clock of bpf_ktime_get_ns):
+  {"rid", "client_port", "t_connect" (connect() returned),
+   "handshake_ns" (TLS: do_handshake() duration, else null),
+   "t_send" (just before the request's sendall), "events" (received),
+   "t_close" (just before close() with --close-after, else null),
+   "error"}
+"""
+
+import argparse
+import json
+import socket
+import ssl
+import sys
+import threading
+import time
+
+
+def run_one(i, args, barrier, out):
+    rid = f"{args.rid_prefix}{i}"
+    rec = {"rid": rid, "client_port": None, "t_connect": None, "handshake_ns": None,
+           "t_send": None, "events": 0, "t_close": None, "error": None}
+    sock = None
+    try:
+        raw = socket.create_connection(("127.0.0.1", args.port), timeout=args.timeout)
+        rec["t_connect"] = time.monotonic_ns()
+        rec["client_port"] = raw.getsockname()[1]
+        sock = raw
+        if args.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            sock = ctx.wrap_socket(raw, do_handshake_on_connect=False)
+            t0 = time.monotonic_ns()
+            sock.do_handshake()
+            rec["handshake_ns"] = time.monotonic_ns() - t0
+        barrier.wait()
+        headers = "Host: x\r\n"
+        if args.request_id_header:
+            headers += f"X-Request-Id: req-{rid}\r\n"
+        req = (f"GET {args.path}?rid={rid}&tokens={args.tokens}&delay_ms={args.delay_ms}"
+               f"&ttft_ms={args.ttft_ms} HTTP/1.1\r\n{headers}\r\n").encode()
+        rec["t_send"] = time.monotonic_ns()
+        sock.sendall(req)
+        buf = b""
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            buf += data
+            rec["events"] = buf.count(b"data: ")
+            if args.close_after and rec["events"] >= args.close_after:
+                rec["t_close"] = time.monotonic_ns()
+                break
+            if buf.endswith(b"0\r\n\r\n"):
+                break
+    except (OSError, threading.BrokenBarrierError) as e:
+        rec["error"] = f"{type(e).__name__}: {e}"
+        try:
+            barrier.abort()
+        except Exception:
+            pass
+    finally:
+        if sock is not None:
+            sock.close()
+    out[i] = rec
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--connections", type=int, default=1)
+    ap.add_argument("--tokens", type=int, default=4)
+    ap.add_argument("--delay-ms", type=float, default=2.0)
+    ap.add_argument("--ttft-ms", type=float, default=2.0)
+    ap.add_argument("--path", default="/stream")
+    ap.add_argument("--rid-prefix", default="")
+    ap.add_argument("--tls", action="store_true")
+    ap.add_argument("--close-after", type=int, default=0)
+    ap.add_argument("--request-id-header", action="store_true")
+    ap.add_argument("--timeout", type=float, default=60.0)
+    args = ap.parse_args()
+    barrier = threading.Barrier(args.connections)
+    out = [None] * args.connections
+    threads = [threading.Thread(target=run_one, args=(i, args, barrier, out))
+               for i in range(args.connections)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for rec in out:
+        sys.stdout.write(json.dumps(rec) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,707 @@
+//! Root-only: request ingress from the wire, setup waits and who ended a
+//! request, against references the machine's load cannot move:
+//!
+//! * a loopback packet capture (tests/clients/wire_capture.py: AF_PACKET,
+//!   kernel receive timestamps) — when the request's first byte and the
+//!   first SSE event reached the host;
+//! * the server's own CLOCK_MONOTONIC stamps (tests/servers/wire_server.py:
+//!   a single-threaded server that serves one connection at a time, so a
+//!   burst waits in the kernel: accept queue, then receive queue).
+//!
+//! Run (as root; CI does):
+//!   cargo test -p tokentrace --test ebpf_wire -- --test-threads=1 --nocapture
+
+#[path = "common/mod.rs"]
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+/// The bounds: per request, agent vs wire, at p99.
+const TTFT_P99_MS: f64 = 0.5;
+const SOCKET_WAIT_P99_MS: f64 = 0.5;
+
+// ----------------------------------------------------------------- helpers
+
+/// tests/servers/wire_server.py with its per-request JSON stamps.
+struct WireServer {
+    proc: Proc,
+    port: u16,
+    lines: Receiver<Value>,
+}
+
+impl WireServer {
+    fn start(extra: &[&str]) -> Self {
+        let script = repo_root().join("tests/servers/wire_server.py");
+        let mut child = Command::new(python())
+            .arg("-u")
+            .arg(&script)
+            .args(extra)
+            .current_dir(repo_root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", script.display()));
+        let out = child.stdout.take().expect("piped stdout");
+        let (port_tx, port_rx) = mpsc::channel();
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(p) = line.strip_prefix("READY ") {
+                    let _ = port_tx.send(p.trim().parse::<u16>().ok());
+                } else if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        let proc = Proc::guard("wire_server.py", child);
+        let port = port_rx
+            .recv_timeout(Duration::from_secs(20))
+            .ok()
+            .flatten()
+            .expect("wire_server.py printed no READY <port> within 20 s");
+        WireServer { proc, port, lines }
+    }
+
+    /// Server records by rid, waiting until `n` have arrived.
+    fn records(&self, n: usize) -> BTreeMap<String, Value> {
+        let mut out = BTreeMap::new();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while out.len() < n && Instant::now() < deadline {
+            if let Ok(v) = self.lines.recv_timeout(Duration::from_millis(100)) {
+                if let Some(rid) = str_field(&v, "rid") {
+                    out.insert(rid, v);
+                }
+            }
+        }
+        assert_eq!(
+            out.len(),
+            n,
+            "server reported {} of {n} requests",
+            out.len()
+        );
+        out
+    }
+}
+
+/// tests/clients/wire_capture.py on `lo` for `port`.
+struct Capture {
+    proc: Proc,
+    out: PathBuf,
+}
+
+/// One captured TCP payload packet.
+#[derive(Debug, Clone)]
+struct Packet {
+    ts: u64,
+    src: u16,
+    dst: u16,
+    data_event: bool,
+}
+
+impl Capture {
+    fn start(port: u16) -> Self {
+        let out = std::env::temp_dir().join(format!(
+            "tokentrace-wire-{}-{}.jsonl",
+            std::process::id(),
+            mono_now_ns()
+        ));
+        let mut child = Command::new(python())
+            .arg("-u")
+            .arg(repo_root().join("tests/clients/wire_capture.py"))
+            .args(["--port", &port.to_string(), "--out"])
+            .arg(&out)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start wire_capture.py: {e}"));
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut first = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut first)
+            .expect("read wire_capture.py READY");
+        assert_eq!(first.trim(), "READY", "wire_capture.py did not start");
+        Capture {
+            proc: Proc::guard("wire_capture.py", child),
+            out,
+        }
+    }
+
+    /// Stops the capture; its packets, in time order.
+    fn finish(mut self) -> Vec<Packet> {
+        self.proc.signal(libc::SIGTERM);
+        let st = self.proc.wait_timeout(Duration::from_secs(20));
+        assert!(st.is_some(), "wire_capture.py did not exit on SIGTERM");
+        let text = std::fs::read_to_string(&self.out).expect("capture output");
+        let _ = std::fs::remove_file(&self.out);
+        let mut packets: Vec<Packet> = text
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| {
+                Some(Packet {
+                    ts: v.get("ts")?.as_u64()?,
+                    src: u16::try_from(v.get("src")?.as_u64()?).ok()?,
+                    dst: u16::try_from(v.get("dst")?.as_u64()?).ok()?,
+                    data_event: v.get("data_event")?.as_bool()?,
+                })
+            })
+            .collect();
+        packets.sort_by_key(|p| p.ts);
+        packets
+    }
+}
+
+/// When, on the wire, a connection's request arrived and its first SSE
+/// event left: the first client→server payload packet, and the first
+/// server→client packet carrying `data: `.
+fn wire_times(packets: &[Packet], server: u16, client: u16) -> (Option<u64>, Option<u64>) {
+    let request = packets
+        .iter()
+        .find(|p| p.src == client && p.dst == server)
+        .map(|p| p.ts);
+    let event = packets
+        .iter()
+        .find(|p| p.src == server && p.dst == client && p.data_event)
+        .map(|p| p.ts);
+    (request, event)
+}
+
+fn run_wire_client(port: u16, args: &[&str]) -> Vec<Value> {
+    let out = Command::new(python())
+        .arg(repo_root().join("tests/clients/wire_client.py"))
+        .args(["--port", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("run wire_client.py");
+    assert!(
+        out.status.success(),
+        "wire_client.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let recs: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    for r in &recs {
+        assert!(
+            r.get("error").is_none_or(Value::is_null) || args.contains(&"--close-after"),
+            "client error: {r}"
+        );
+    }
+    recs
+}
+
+fn ms_field(v: &Value, k: &str) -> Option<f64> {
+    v.get(k).and_then(Value::as_f64)
+}
+
+fn u64_field(v: &Value, k: &str) -> Option<u64> {
+    v.get(k).and_then(Value::as_u64)
+}
+
+fn ms_between(a: u64, b: u64) -> f64 {
+    (a as f64 - b as f64) / 1e6
+}
+
+/// The rid of an agent line (`rid=` in its path).
+fn rid_of(v: &Value) -> Option<String> {
+    let path = str_field(v, "path")?;
+    Some(path.split("rid=").nth(1)?.split('&').next()?.to_string())
+}
+
+/// Agent lines by rid, once every one of `rids` is in (30 s at most).
+fn agent_by_rid(agent: &mut Agent, rids: &[String]) -> BTreeMap<String, Value> {
+    agent.wait_until(Duration::from_secs(30), |lines| {
+        rids.iter().all(|r| {
+            lines
+                .iter()
+                .any(|l| rid_of(&l.v).as_deref() == Some(r.as_str()))
+        })
+    });
+    agent
+        .values()
+        .into_iter()
+        .filter_map(|v| Some((rid_of(&v)?, v)))
+        .collect()
+}
+
+struct TlsDir {
+    dir: PathBuf,
+}
+
+impl TlsDir {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "tokentrace-wire-tls-{}-{}",
+            std::process::id(),
+            mono_now_ns()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let out = Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+            .arg("ec_paramgen_curve:prime256v1")
+            .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
+            .arg(dir.join("key.pem"))
+            .arg("-out")
+            .arg(dir.join("cert.pem"))
+            .output()
+            .expect("run the openssl CLI (apt-get install openssl; `cargo xtask deps` does)");
+        assert!(out.status.success(), "openssl req failed");
+        TlsDir { dir }
+    }
+
+    fn args(&self) -> Vec<String> {
+        vec![
+            "--tls".into(),
+            self.dir.join("cert.pem").display().to_string(),
+            self.dir.join("key.pem").display().to_string(),
+        ]
+    }
+}
+
+impl Drop for TlsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+// ------------------------------------------------------------------- tests
+
+/// 64 concurrent streams into a server that serves one connection at a
+/// time: each request waits in the kernel (not accepted yet) for up to
+/// hundreds of ms. TTFT must count from the request's arrival on the wire,
+/// socket_wait_ms must be the wire-to-read delay, accept_wait_ms the time
+/// in the accept queue, and request_id the X-Request-Id header.
+#[test]
+fn burst_into_a_sequential_server_is_timed_from_the_wire() {
+    require_root("burst_into_a_sequential_server_is_timed_from_the_wire");
+    let server = WireServer::start(&[]);
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let capture = Capture::start(server.port);
+    let mut clients = Vec::new();
+    const ROUNDS: usize = 2;
+    const STREAMS: usize = 64;
+    for round in 0..ROUNDS {
+        let prefix = format!("b{round}-");
+        clients.extend(run_wire_client(
+            server.port,
+            &[
+                "--connections",
+                &STREAMS.to_string(),
+                "--tokens",
+                "3",
+                "--delay-ms",
+                "1",
+                "--ttft-ms",
+                "1",
+                "--rid-prefix",
+                &prefix,
+                "--request-id-header",
+            ],
+        ));
+    }
+    let srv = server.records(ROUNDS * STREAMS);
+    let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+    let lines = agent_by_rid(&mut agent, &rids);
+    let packets = capture.finish();
+    let stop = agent.stop();
+
+    let mut ttft = Dist::new("agent TTFT - wire TTFT");
+    let mut wait = Dist::new("socket_wait - (server read - wire arrival)");
+    let mut start = Dist::new("request_start - wire arrival");
+    let mut accept = Dist::new("accept_wait - (server accept - client connect)");
+    let mut waited = Dist::new("socket_wait_ms");
+    let mut from_read = Dist::new("ttft_from_read - wire TTFT (before: main's TTFT)");
+    let mut failures = Vec::new();
+    for c in &clients {
+        let rid = str_field(c, "rid").expect("rid");
+        let Some(a) = lines.get(&rid) else {
+            failures.push(format!("{rid}: not reported by the agent"));
+            continue;
+        };
+        let s = &srv[&rid];
+        let port = u16::try_from(u64_field(c, "client_port").expect("client port")).expect("port");
+        let (Some(w_req), Some(w_ev)) = wire_times(&packets, server.port, port) else {
+            failures.push(format!("{rid}: not in the capture"));
+            continue;
+        };
+        let wire_ttft = ms_between(w_ev, w_req);
+        let (Some(at), Some(sw), Some(rs), Some(tfr)) = (
+            ms_field(a, "ttft_ms"),
+            ms_field(a, "socket_wait_ms"),
+            u64_field(a, "request_start_ns"),
+            ms_field(a, "ttft_from_read_ms"),
+        ) else {
+            failures.push(format!(
+                "{rid}: ttft/socket_wait/request_start missing: {a}"
+            ));
+            continue;
+        };
+        ttft.push(at - wire_ttft);
+        from_read.push(tfr - wire_ttft);
+        start.push(ms_between(rs, w_req));
+        waited.push(sw);
+        let t_read = u64_field(s, "t_read").expect("server t_read");
+        wait.push(sw - ms_between(t_read, w_req));
+        if let (Some(aw), Some(t_acc), Some(t_conn)) = (
+            ms_field(a, "accept_wait_ms"),
+            u64_field(s, "t_accept"),
+            u64_field(c, "t_connect"),
+        ) {
+            accept.push(aw - ms_between(t_acc, t_conn));
+        } else {
+            failures.push(format!("{rid}: no accept_wait_ms on a first request: {a}"));
+        }
+        let want = format!("req-{rid}");
+        if str_field(a, "request_id").as_deref() != Some(want.as_str()) {
+            failures.push(format!(
+                "{rid}: request_id {:?}, sent {want}",
+                a.get("request_id")
+            ));
+        }
+    }
+    for d in [&ttft, &wait, &start, &accept, &waited, &from_read] {
+        eprintln!("[test] {}", d.summary());
+    }
+    check_agent_exit_quiet(stop);
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    let p99 = |d: &Dist| d.pct(99.0).abs().max(d.pct(1.0).abs());
+    assert!(
+        p99(&ttft) < TTFT_P99_MS,
+        "|agent TTFT - wire TTFT| p99 {:.3} ms >= {TTFT_P99_MS} ms: {}",
+        p99(&ttft),
+        ttft.summary()
+    );
+    assert!(
+        p99(&wait) < SOCKET_WAIT_P99_MS,
+        "|socket_wait - wire-to-read| p99 {:.3} ms >= {SOCKET_WAIT_P99_MS} ms: {}",
+        p99(&wait),
+        wait.summary()
+    );
+    // The burst really waited in the kernel (else this proves nothing).
+    assert!(
+        waited.pct(50.0) > 20.0,
+        "median socket wait {:.3} ms: the requests did not queue",
+        waited.pct(50.0)
+    );
+    // accept_wait vs the client's connect return and the server's accept
+    // return, both stamped in user space just after the syscall: 64 client
+    // threads on 2 cores get preempted before their stamp (seen: p99 2 ms,
+    // max 13 ms), so only the median is held to 1 ms.
+    assert!(
+        accept.pct(50.0).abs() < 1.0,
+        "accept_wait off: {}",
+        accept.summary()
+    );
+}
+
+/// A server that sleeps 40 ms before each accept, serving one connection
+/// at a time: of 4 connections opened at once, the k-th accepted waited at
+/// least k sleeps in the accept queue, shown as accept_wait_ms on its first
+/// request.
+#[test]
+fn a_slow_accepter_shows_accept_wait() {
+    require_root("a_slow_accepter_shows_accept_wait");
+    let server = WireServer::start(&["--accept-delay-ms", "40"]);
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let clients = run_wire_client(
+        server.port,
+        &[
+            "--connections",
+            "4",
+            "--tokens",
+            "1",
+            "--rid-prefix",
+            "slow-",
+        ],
+    );
+    let srv = server.records(4);
+    let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+    let lines = agent_by_rid(&mut agent, &rids);
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    let mut waits = Vec::new();
+    for c in &clients {
+        let rid = str_field(c, "rid").expect("rid");
+        let a = lines
+            .get(&rid)
+            .unwrap_or_else(|| panic!("{rid} not reported"));
+        let aw = ms_field(a, "accept_wait_ms").unwrap_or_else(|| panic!("no accept_wait_ms: {a}"));
+        waits.push(aw);
+        let s = &srv[&rid];
+        let reference = ms_between(
+            u64_field(s, "t_accept").expect("t_accept"),
+            u64_field(c, "t_connect").expect("t_connect"),
+        );
+        eprintln!("[test] {rid}: accept_wait {aw:.3} ms, server accept - client connect {reference:.3} ms");
+        // Client-side stamps: 4 threads on 2 cores, seen 2 ms late.
+        assert!(
+            (aw - reference).abs() < 5.0,
+            "{rid}: accept_wait {aw:.3} ms vs {reference:.3} ms measured by client and server"
+        );
+    }
+    waits.sort_by(f64::total_cmp);
+    for (k, w) in waits.iter().enumerate() {
+        assert!(
+            *w >= 40.0 * k as f64 - 1.0,
+            "the connection accepted {k}th waited {w:.3} ms, less than {k} accept delays: {waits:?}"
+        );
+    }
+}
+
+/// HTTPS: tls_handshake_ms (ClientHello arrival → SSL_do_handshake
+/// returned) against the client's do_handshake() duration, one idle
+/// connection at a time.
+#[test]
+fn tls_handshake_matches_the_clients_measurement() {
+    require_root("tls_handshake_matches_the_clients_measurement");
+    let tls = TlsDir::new();
+    let args = tls.args();
+    let server = WireServer::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut agent = start_agent_with_env(
+        &Agent::for_pids(&[server.proc.pid()]),
+        &[("TOKENTRACE_LOG", "info")],
+    );
+    let mut clients = Vec::new();
+    for i in 0..8 {
+        let prefix = format!("tls{i}-");
+        clients.extend(run_wire_client(
+            server.port,
+            &[
+                "--connections",
+                "1",
+                "--tls",
+                "--tokens",
+                "2",
+                "--rid-prefix",
+                &prefix,
+            ],
+        ));
+    }
+    let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+    let lines = agent_by_rid(&mut agent, &rids);
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    let mut diff = Dist::new("tls_handshake - client handshake");
+    for c in &clients {
+        let rid = str_field(c, "rid").expect("rid");
+        let a = lines
+            .get(&rid)
+            .unwrap_or_else(|| panic!("{rid} not reported"));
+        assert_eq!(a.get("tls").and_then(Value::as_bool), Some(true), "{a}");
+        let hs =
+            ms_field(a, "tls_handshake_ms").unwrap_or_else(|| panic!("no tls_handshake_ms: {a}"));
+        let client = u64_field(c, "handshake_ns").expect("client handshake") as f64 / 1e6;
+        diff.push(hs - client);
+        assert!(
+            ms_field(a, "socket_wait_ms").is_some(),
+            "TLS request without socket_wait_ms: {a}"
+        );
+        assert!(
+            ms_field(a, "accept_wait_ms").is_some(),
+            "TLS request without accept_wait_ms: {a}"
+        );
+    }
+    eprintln!("[test] {}", diff.summary());
+    assert!(
+        diff.pct(50.0).abs() < 1.0,
+        "median |tls_handshake - client's handshake| >= 1 ms: {}",
+        diff.summary()
+    );
+    assert!(
+        diff.min() > -5.0 && diff.max() < 5.0,
+        "a handshake off by more than 5 ms: {}",
+        diff.summary()
+    );
+}
+
+/// A client that walks away after 2 events while the server keeps writing:
+/// client_closed, with the chunks written after it left.
+fn client_closes_mid_stream(tls: Option<&TlsDir>) {
+    let args: Vec<String> = tls.map(TlsDir::args).unwrap_or_default();
+    let server = WireServer::start(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let mut client_args = vec![
+        "--connections",
+        "1",
+        "--tokens",
+        "40",
+        "--delay-ms",
+        "15",
+        "--close-after",
+        "2",
+        "--rid-prefix",
+        "gone-",
+    ];
+    if tls.is_some() {
+        client_args.push("--tls");
+    }
+    let clients = run_wire_client(server.port, &client_args);
+    let s = server.records(1).remove("gone-0").expect("server record");
+    let lines = agent_by_rid(&mut agent, &["gone-0".to_string()]);
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    let a = lines
+        .get("gone-0")
+        .unwrap_or_else(|| panic!("not reported: {:?}", agent.values()));
+    eprintln!("[test] client {} / server {s} / agent {a}", clients[0]);
+    assert!(
+        s.get("error").is_some_and(|e| !e.is_null()),
+        "the server never noticed: {s}"
+    );
+    assert_eq!(a.get("aborted").and_then(Value::as_bool), Some(true), "{a}");
+    assert_eq!(
+        str_field(a, "abort_reason").as_deref(),
+        Some("client_closed"),
+        "{a}"
+    );
+    let writes_ok = u64_field(&s, "writes_ok").expect("writes_ok");
+    assert_eq!(
+        u64_field(a, "chunks"),
+        Some(writes_ok),
+        "chunks vs the server's successful writes: {a}"
+    );
+    let after = u64_field(a, "chunks_after_client_closed").expect("chunks_after_client_closed");
+    assert!(
+        after >= 1,
+        "the server wrote after the client left, agent counted {after}: {a}"
+    );
+    assert!(
+        writes_ok - after >= 2,
+        "the client received 2 events before leaving, yet {after} of {writes_ok} counted after: {a}"
+    );
+}
+
+#[test]
+fn client_closing_mid_stream_is_client_closed() {
+    require_root("client_closing_mid_stream_is_client_closed");
+    client_closes_mid_stream(None);
+}
+
+#[test]
+fn client_closing_mid_stream_over_tls_is_client_closed() {
+    require_root("client_closing_mid_stream_over_tls_is_client_closed");
+    let tls = TlsDir::new();
+    client_closes_mid_stream(Some(&tls));
+}
+
+/// The server reads a request and closes the connection unanswered.
+#[test]
+fn server_closing_unanswered_is_server_closed() {
+    require_root("server_closing_unanswered_is_server_closed");
+    let server = WireServer::start(&[]);
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    run_wire_client(
+        server.port,
+        &[
+            "--connections",
+            "1",
+            "--path",
+            "/close-unanswered",
+            "--rid-prefix",
+            "shut-",
+        ],
+    );
+    server.records(1);
+    let lines = agent_by_rid(&mut agent, &["shut-0".to_string()]);
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    let a = lines
+        .get("shut-0")
+        .unwrap_or_else(|| panic!("not reported: {:?}", agent.values()));
+    assert_eq!(a.get("aborted").and_then(Value::as_bool), Some(true), "{a}");
+    assert_eq!(
+        str_field(a, "abort_reason").as_deref(),
+        Some("server_closed"),
+        "{a}"
+    );
+    assert_eq!(a.get("status"), Some(&Value::Null), "{a}");
+}
+
+/// The agent starts while streams are in flight: those are skipped and
+/// counted (their request was never seen); requests that start afterwards
+/// are reported with their wire arrival.
+#[test]
+fn streams_in_flight_at_start_are_skipped_and_counted() {
+    require_root("streams_in_flight_at_start_are_skipped_and_counted");
+    let server = start_server(ServerKind::Stdlib, &[]);
+    let port = server.port;
+    let early = thread::spawn(move || {
+        run_client(
+            port,
+            &ClientRun {
+                tokens: 300,
+                token_delay_ms: 20.0,
+                ..ClientRun::sse(3, 3, "early-")
+            },
+        )
+    });
+    thread::sleep(Duration::from_millis(500));
+    let mut agent = start_agent(&Agent::for_pids(&[server.pid()]));
+    let early = early.join().expect("early client");
+    assert!(
+        early.iter().all(|c| !c.aborted),
+        "early streams must complete"
+    );
+    let late = run_client(port, &ClientRun::sse(4, 4, "late-"));
+    let missing = agent.wait_for_paths(&paths(&late), Duration::from_secs(20));
+    assert!(
+        missing.is_empty(),
+        "late requests not reported: {missing:?}"
+    );
+    let stop = agent.stop();
+    let summary = agent.proc.stderr.lines().join("\n");
+    check_agent_exit_quiet(stop);
+    for v in agent.values() {
+        let path = str_field(&v, "path").unwrap_or_default();
+        assert!(
+            !path.contains("early-"),
+            "a stream already in flight was reported: {v}"
+        );
+        if path.contains("late-") {
+            assert!(
+                ms_field(&v, "socket_wait_ms").is_some(),
+                "late request without ingress: {v}"
+            );
+            assert_eq!(
+                v.get("aborted").and_then(Value::as_bool),
+                Some(false),
+                "{v}"
+            );
+        }
+    }
+    let counted = summary
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|v| {
+            v.pointer("/tokentrace_summary/stitch/streams_in_flight_at_start")?
+                .as_u64()
+        })
+        .unwrap_or_else(|| panic!("no tokentrace_summary JSON line on stderr:\n{summary}"));
+    assert_eq!(
+        counted, 3,
+        "streams in flight at start, summary:\n{summary}"
+    );
+}
+
+fn check_agent_exit_quiet(stop: Option<std::process::ExitStatus>) {
+    assert!(
+        stop.is_some_and(|s| s.success()),
+        "the agent did not exit cleanly: {stop:?}"
+    );
+}
