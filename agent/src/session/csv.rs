@@ -10,7 +10,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use super::core::Recording;
 use crate::output::JsonTimeline;
 
-const HEADER: [&str; 27] = [
+const HEADER: [&str; 33] = [
     "request",
     "start_time",
     "start_offset_ms",
@@ -38,6 +38,12 @@ const HEADER: [&str; 27] = [
     "abort_reason",
     "tls",
     "trace_id",
+    "socket_wait_ms",
+    "accept_wait_ms",
+    "tls_handshake_ms",
+    "ttft_from_read_ms",
+    "request_id",
+    "chunks_after_client_closed",
 ];
 
 /// Quotes a field when it holds a separator, quote or line break (RFC 4180).
@@ -113,6 +119,12 @@ pub fn render(recording: &Recording) -> String {
             opt(reason),
             j.tls.to_string(),
             trace_id(t.traceparent.as_deref()),
+            opt(j.socket_wait_ms),
+            opt(j.accept_wait_ms),
+            opt(j.tls_handshake_ms),
+            opt(j.ttft_from_read_ms),
+            field(j.request_id.unwrap_or_default()),
+            j.chunks_after_client_closed.to_string(),
         ];
         let _ = writeln!(out, "{}", row.join(","));
     }
@@ -144,7 +156,17 @@ mod tests {
             "{}",
             lines[1]
         );
-        assert!(lines[1].ends_with(",4bf92f3577b34da6a3ce929d0e0e4736"));
+        rec.timelines[1].request_headers = vec![("x-request-id".into(), "r,1".into())];
+        let text = render(&rec);
+        let lines: Vec<&str> = text.lines().collect();
+        // trace id, then socket/accept/TLS waits, TTFT from the read,
+        // request id, chunks after the client left
+        assert!(
+            lines[1].contains(",4bf92f3577b34da6a3ce929d0e0e4736,"),
+            "{}",
+            lines[1]
+        );
+        assert!(lines[2].ends_with(",\"r,1\",0"), "{}", lines[2]);
         assert!(lines[2].contains(",sse,"), "{}", lines[2]);
         assert!(lines[1].contains(",100.000,"), "start offset: {}", lines[1]);
         assert!(lines[2].contains(",500.000,"), "start offset: {}", lines[2]);

@@ -84,9 +84,10 @@ struct Bin {
 #[derive(Debug, Serialize)]
 struct Row {
     label: String,
-    /// Offsets from the session start, ms: start, request read, first
-    /// token, end.
+    /// Offsets from the session start, ms: arrival of the request, the
+    /// server's first read of it, request read, first token, end.
     s: f64,
+    rd: f64,
     r: f64,
     f: Option<f64>,
     e: f64,
@@ -109,6 +110,13 @@ struct Breakdown {
     ttft_ms: Option<f64>,
     e2e_ms: f64,
     chunks: usize,
+    /// Arrival at the host → the server's first read (waiting in the
+    /// kernel's receive queue); `None` when the arrival is unknown.
+    socket_wait_ms: Option<f64>,
+    /// First request of a connection: in the accept queue.
+    accept_wait_ms: Option<f64>,
+    /// First request of a TLS connection: ClientHello → handshake done.
+    tls_handshake_ms: Option<f64>,
     /// Reading the request off the socket.
     receive_ms: f64,
     /// Request read → first token (queueing and prefill, seen from outside).
@@ -255,7 +263,10 @@ fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Br
         ttft_ms: t.ttft_ns().map(ms),
         e2e_ms: ms(t.e2e_ns()),
         chunks: t.chunk_ts.len(),
-        receive_ms: ms(t.request_end.saturating_sub(t.request_start)),
+        socket_wait_ms: t.socket_wait_ns().map(ms),
+        accept_wait_ms: t.accept_wait_ns.map(ms),
+        tls_handshake_ms: t.tls_handshake_ns.map(ms),
+        receive_ms: ms(t.request_end.saturating_sub(t.read_start)),
         wait_ms: first.map(|f| ms(f.saturating_sub(t.request_end))),
         stream_ms: first.map(|f| ms(t.end.saturating_sub(f))),
         longest_gap_ms: longest.map(|(_, g)| ms(g)),
@@ -299,6 +310,13 @@ fn data(rec: &Recording) -> Data {
         rows: vec![
             Dist::of("TTFT", ttfts.clone()),
             Dist::of(
+                "socket wait",
+                rec.timelines
+                    .iter()
+                    .filter_map(RequestTimeline::socket_wait_ns)
+                    .collect(),
+            ),
+            Dist::of(
                 "ITL",
                 rec.timelines
                     .iter()
@@ -322,6 +340,7 @@ fn data(rec: &Recording) -> Data {
             Row {
                 label: request_label(i, t),
                 s: off(t.request_start),
+                rd: off(t.read_start),
                 r: off(t.request_end),
                 f: first_token(t).map(off),
                 e: off(t.end),

@@ -124,13 +124,24 @@ fn request_events(index: usize, t: &RequestTimeline, clock: &Clock, out: &mut Ve
         Clock::dur(t.request_start, end),
         args,
     ));
-    let request_end = t.request_end.clamp(t.request_start, end);
+    let read_start = t.read_start.clamp(t.request_start, end);
+    if read_start > t.request_start {
+        out.push(slice(
+            "wait in socket",
+            pid,
+            tid,
+            clock.us(t.request_start),
+            Clock::dur(t.request_start, read_start),
+            json!({}),
+        ));
+    }
+    let request_end = t.request_end.clamp(read_start, end);
     out.push(slice(
         "receive",
         pid,
         tid,
-        clock.us(t.request_start),
-        Clock::dur(t.request_start, request_end),
+        clock.us(read_start),
+        Clock::dur(read_start, request_end),
         json!({"bytes": t.request_bytes}),
     ));
     let first = first.map(|f| f.clamp(request_end, end));

@@ -150,10 +150,11 @@
     const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
     wf.rows.forEach((r, i) => {
       const y = top + i * rowH;
-      const g = svgEl("g", {}, `${r.label}\nstart +${fmt(r.s)} ms · TTFT ${r.f === null ? "–" : fmt(r.f - r.s) + " ms"} · E2E ${fmt(r.e - r.s)} ms · ${r.t.length} tokens${r.aborted ? " · aborted" : ""}`);
+      const g = svgEl("g", {}, `${r.label}\nstart +${fmt(r.s)} ms · in the socket ${fmt(r.rd - r.s)} ms · TTFT ${r.f === null ? "–" : fmt(r.f - r.s) + " ms"} · E2E ${fmt(r.e - r.s)} ms · ${r.t.length} tokens${r.aborted ? " · aborted" : ""}`);
       const seg = (cls, a, b) =>
         g.appendChild(svgEl("rect", { class: cls, x: x(a), y: y + 2, width: Math.max(x(b) - x(a), 0.75), height: rowH - 4 }));
-      seg("receive", r.s, r.r);
+      if (r.rd > r.s) seg("socket", r.s, r.rd);
+      seg("receive", r.rd, r.r);
       seg(r.f === null && r.aborted ? "aborted" : "wait", r.r, r.f === null ? r.e : r.f);
       if (r.f !== null) seg(r.aborted ? "aborted" : "stream", r.f, r.e);
       r.t.forEach((t) => g.appendChild(svgEl("line", { class: "tick", x1: x(t), x2: x(t), y1: y + 1, y2: y + rowH - 1 })));
@@ -179,7 +180,7 @@
     slow.appendChild(scroll);
     scroll.appendChild(
       table(
-        ["request", "TTFT", "E2E", "tokens", "late-token causes", "longest gap", "slow gaps", "slow gap time", "receive", "to first token", "stream", "CPU samples", "aborted"],
+        ["request", "TTFT", "E2E", "tokens", "late-token causes", "longest gap", "slow gaps", "slow gap time", "accept wait", "TLS handshake", "socket wait", "receive", "to first token", "stream", "CPU samples", "aborted"],
         data.slowest.map((b) => [
           b.label,
           fmt(b.ttft_ms, "ms"),
@@ -189,6 +190,9 @@
           b.longest_gap_ms === null ? "–" : `${fmt(b.longest_gap_ms, "ms")} (before #${b.longest_gap_at})`,
           b.slow_gaps,
           fmt(b.slow_gap_ms, "ms"),
+          fmt(b.accept_wait_ms, "ms"),
+          fmt(b.tls_handshake_ms, "ms"),
+          fmt(b.socket_wait_ms, "ms"),
           fmt(b.receive_ms, "ms"),
           fmt(b.wait_ms, "ms"),
           fmt(b.stream_ms, "ms"),
