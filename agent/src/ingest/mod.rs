@@ -7,7 +7,7 @@ mod decode;
 mod wakeup;
 
 use std::cell::RefCell;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::JoinHandle;
@@ -47,9 +47,6 @@ pub struct IngestStats {
     pub decode_errors: AtomicU64,
     /// Events dropped because the consumer's channel was full.
     pub channel_drops: AtomicU64,
-    /// Uprobe and USDT links attached, and the time spent attaching them.
-    pub uprobe_links: AtomicU64,
-    pub uprobe_attach_ns: AtomicU64,
 }
 
 /// A running ingest thread and the handles to steer the probes it owns.
@@ -209,28 +206,20 @@ fn attach_file(probes: &Probes, pid: Option<u32>, file: &ProbedFile) -> Vec<libb
 
 /// Carries out a probe command; attached links live in `file_links` until
 /// detached.
-fn apply_command(
-    probes: &Probes,
-    command: ProbeCommand,
-    file_links: &mut FileLinks,
-    stats: &IngestStats,
-) {
+fn apply_command(probes: &Probes, command: ProbeCommand, file_links: &mut FileLinks) {
     match command {
         ProbeCommand::Files(changes) => {
+            let started = std::time::Instant::now();
+            let (mut attached, mut processes) = (0usize, HashSet::new());
             for change in changes {
                 match change {
                     FileChange::Attach { pid, file } => {
                         if let std::collections::hash_map::Entry::Vacant(slot) =
                             file_links.entry((pid, file.key))
                         {
-                            let started = std::time::Instant::now();
                             let links = attach_file(probes, pid, &file);
-                            let elapsed =
-                                u64::try_from(started.elapsed().as_nanos()).unwrap_or(u64::MAX);
-                            stats.uprobe_attach_ns.fetch_add(elapsed, Ordering::Relaxed);
-                            stats
-                                .uprobe_links
-                                .fetch_add(links.len() as u64, Ordering::Relaxed);
+                            attached += links.len();
+                            processes.insert(pid);
                             slot.insert(links);
                         }
                     }
@@ -244,6 +233,14 @@ fn apply_command(
                         }
                     }
                 }
+            }
+            if attached > 0 {
+                let elapsed = started.elapsed();
+                tracing::info!(
+                    "attached {attached} uprobe links for {} process(es) in {:.1} ms",
+                    processes.len(),
+                    elapsed.as_secs_f64() * 1e3
+                );
             }
         }
         ProbeCommand::Barrier(done) => {
@@ -323,7 +320,7 @@ fn run_thread(
         // drains the ring, so nothing already recorded is lost at exit.
         let stopping = stop.load(Ordering::Relaxed);
         for command in commands.try_iter() {
-            apply_command(&probes, command, &mut file_links, stats);
+            apply_command(&probes, command, &mut file_links);
         }
         if !stopping {
             // Wakes early when the kernel forced a wake-up (a full batch, or

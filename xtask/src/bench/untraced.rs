@@ -10,6 +10,11 @@
 //!   libcudart while the agent traces another launch_loop holding at its
 //!   gate (same file, probes attached for that process only).
 //!
+//! - **attach scale**: 100 idle Python processes that imported `ssl`,
+//!   picked up by `--exe`: time to `ready` (every process's OpenSSL uprobes
+//!   attached), the attach batch as the agent logs it, the agent's RSS and
+//!   the host's slab growth (approximate: other activity moves it too).
+//!
 //! The TLS untraced tax (an untraced process using the traced server's
 //! libssl) is measured in the TLS section.
 
@@ -139,8 +144,75 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         opts.rounds,
         w / b,
     );
-    print!("{syscalls}{cuda}");
+    let scale = attach_scale(agent_bin, 100)?;
+    print!("{syscalls}{cuda}{scale}");
     report.push_str(&syscalls);
     report.push_str(&cuda);
+    report.push_str(&scale);
     Ok(())
+}
+
+/// `key:` of /proc/meminfo or /proc/PID/status, in kB.
+fn kib(file: &str, key: &str) -> Result<u64> {
+    let text = std::fs::read_to_string(file)?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|rest| rest.trim_start_matches(':').split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no {key} in {file}"))
+}
+
+fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
+    const MARKER: &str = "tokentrace-bench-attach-scale";
+    // The interpreter itself, not a launcher script (pyenv's shim would be
+    // picked by the pattern too).
+    let python = ["/usr/bin/python3", "python3"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .unwrap_or("python3");
+    let mut idle = Vec::new();
+    for _ in 0..processes {
+        let mut child = Command::new(python)
+            .args(["-c", "import ssl, sys, time; print('ok', flush=True); time.sleep(600)", MARKER])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting an idle Python process")?;
+        let out = child.stdout.take().context("stdout")?;
+        idle.push((Guard(child), BufReader::new(out)));
+    }
+    for (_, out) in &mut idle {
+        let mut line = String::new();
+        out.read_line(&mut line)?;
+    }
+    let slab_before = kib("/proc/meminfo", "Slab")?;
+    let started = std::time::Instant::now();
+    let mut child = Command::new(agent_bin)
+        .args(["--log-level", "info", "run", "--exe", MARKER, "--output", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the agent")?;
+    let log = lines_of(child.stderr.take().context("agent stderr")?);
+    let agent = Agent {
+        pid: child.id(),
+        guard: Guard(child),
+    };
+    let mut seen = Vec::new();
+    wait_for(&log, &mut seen, &["tokentrace: ready"], Duration::from_secs(120))?;
+    let ready = started.elapsed();
+    std::thread::sleep(Duration::from_millis(500));
+    let rss = kib(&format!("/proc/{}/status", agent.pid), "VmRSS")?;
+    let slab_after = kib("/proc/meminfo", "Slab")?;
+    let batch = seen
+        .iter()
+        .find(|l| l.contains("uprobe links for"))
+        .map(|l| l.split("INFO").last().unwrap_or(l).trim().to_string())
+        .unwrap_or_else(|| "no attach line".into());
+    agent.stop()?;
+    drop(idle);
+    Ok(format!(
+        "attach scale ({processes} idle Python processes with libssl, --exe): ready after {:.0} ms; {batch}; agent RSS {rss} KiB; host slab {:+} KiB\n",
+        ready.as_secs_f64() * 1e3,
+        slab_after as i64 - slab_before as i64,
+    ))
 }
