@@ -523,9 +523,14 @@ fn tls_handshake_matches_the_clients_measurement() {
         "median |tls_handshake - client's handshake| >= 1 ms: {}",
         diff.summary()
     );
+    // The agent's interval starts when the ClientHello arrived and ends when
+    // the server's SSL_do_handshake returned, after the client's Finished:
+    // it can only exceed the client's by the server's wake-up lag. The
+    // client's own stamps can be late by its preemption (seen: 6.5 ms under
+    // stress-ng --cpu 1), so only that side is bounded per handshake.
     assert!(
-        diff.min() > -5.0 && diff.max() < 5.0,
-        "a handshake off by more than 5 ms: {}",
+        diff.max() < 5.0,
+        "a handshake the agent saw 5 ms longer than the client did: {}",
         diff.summary()
     );
 }

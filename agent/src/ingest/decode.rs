@@ -384,6 +384,64 @@ mod tests {
     }
 
     #[test]
+    fn ingress_establishment_peer_close_and_handshake_records() {
+        let mut raw = data_record(b"GET / HTTP/1.1\r\n\r\n", 18);
+        let mut ev = tt_data_event::default();
+        plain::copy_from_bytes(&mut ev, &raw).expect("header");
+        ev.direction = tt_direction::TT_DIR_INGRESS.0 as u8;
+        ev.call = tt_io_call::TT_IO_READ.0 as u8;
+        ev.ingress_ns = 1_500;
+        raw.splice(..std::mem::size_of::<tt_data_event>(), as_bytes(&ev));
+        let Ok(Event::Data(d)) = decode(&raw) else {
+            panic!("a data event")
+        };
+        assert_eq!((d.ingress, d.tcp), (Some(1_500), None));
+
+        let conn = |kind: tt_event_kind, fd: i32, reason: u32, start_ns: u64| {
+            let mut c = tt_conn_event::default();
+            c.hdr.kind = kind.0;
+            c.hdr.tgid = 42;
+            c.hdr.ts_ns = 9_000;
+            c.sock_ino = 0x77;
+            c.fd = fd;
+            c.reason = reason;
+            c.start_ns = start_ns;
+            as_bytes(&c)
+        };
+        let Ok(Event::Accept(a)) = decode(&conn(tt_event_kind::TT_EVENT_ACCEPT, 5, 0, 4_000))
+        else {
+            panic!("an accept")
+        };
+        assert_eq!(a.established, Some(4_000));
+        let Ok(Event::Accept(a)) = decode(&conn(tt_event_kind::TT_EVENT_ACCEPT, 5, 0, 0)) else {
+            panic!("an accept")
+        };
+        assert_eq!(a.established, None, "0 is unknown");
+        let rst = tt_peer_close::TT_PEER_RST.0;
+        let Ok(Event::PeerClosed(p)) =
+            decode(&conn(tt_event_kind::TT_EVENT_PEER_CLOSED, 5, rst, 0))
+        else {
+            panic!("a peer close")
+        };
+        assert_eq!((p.conn.fd, p.reason, p.ts), (5, PeerClose::Rst, 9_000));
+        assert_eq!(
+            decode(&conn(tt_event_kind::TT_EVENT_PEER_CLOSED, 5, 99, 0)),
+            Err(DecodeError::UnknownValue {
+                what: "peer close reason",
+                value: 99
+            })
+        );
+        let hs = conn(tt_event_kind::TT_EVENT_TLS_HANDSHAKE, -1, 0, 7_000);
+        let Ok(Event::TlsHandshake(h)) = decode(&hs) else {
+            panic!("a handshake")
+        };
+        assert_eq!(
+            (h.conn.fd, h.conn.sock_ino, h.socket_fd, h.first_byte),
+            (ConnId::TLS_FD, 0x77, None, Some(7_000))
+        );
+    }
+
+    #[test]
     fn rejects_short_and_inconsistent_records() {
         assert!(matches!(decode(&[1, 0, 0]), Err(DecodeError::Short { .. })));
         let mut record = data_record(b"abcdef", 6);
