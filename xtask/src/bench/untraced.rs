@@ -5,7 +5,8 @@
 //! - **untraced syscall tax**: `sse_flood.py write-loop` (16-byte send()s on
 //!   loopback TCP, a thread draining the other end) while the agent traces
 //!   an idle process: every send and recv still runs the syscall
-//!   tracepoints' pid checks;
+//!   tracepoints' pid checks, and (TCP_NODELAY: a segment per send) the
+//!   receiving socket's `tcp_probe` hook its one `sock_states` lookup;
 //! - **untraced tax (CUDA)**: target/native/launch_loop on the stand-in
 //!   libcudart while the agent traces another launch_loop holding at its
 //!   gate (same file, probes attached for that process only).
@@ -173,7 +174,11 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
     let mut idle = Vec::new();
     for _ in 0..processes {
         let mut child = Command::new(python)
-            .args(["-c", "import ssl, sys, time; print('ok', flush=True); time.sleep(600)", MARKER])
+            .args([
+                "-c",
+                "import ssl, sys, time; print('ok', flush=True); time.sleep(600)",
+                MARKER,
+            ])
             .stdout(Stdio::piped())
             .spawn()
             .context("starting an idle Python process")?;
@@ -187,7 +192,15 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
     let slab_before = kib("/proc/meminfo", "Slab")?;
     let started = std::time::Instant::now();
     let mut child = Command::new(agent_bin)
-        .args(["--log-level", "info", "run", "--exe", MARKER, "--output", "json"])
+        .args([
+            "--log-level",
+            "info",
+            "run",
+            "--exe",
+            MARKER,
+            "--output",
+            "json",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -198,7 +211,12 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
         guard: Guard(child),
     };
     let mut seen = Vec::new();
-    wait_for(&log, &mut seen, &["tokentrace: ready"], Duration::from_secs(120))?;
+    wait_for(
+        &log,
+        &mut seen,
+        &["tokentrace: ready"],
+        Duration::from_secs(120),
+    )?;
     let ready = started.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let rss = kib(&format!("/proc/{}/status", agent.pid), "VmRSS")?;
