@@ -29,38 +29,38 @@ use anyhow::{Context, Result};
 use super::{finish_loop_now, json_number, lines_of, median, start_loop, wait_for, Options, FLOOD};
 use crate::util::{self, Guard};
 
-/// A `tokentrace run` tracing `pid`, ready (and with uprobes attached when
-/// `uprobes_in` names a file the process maps).
+/// A `tokentrace run` picking processes by `selector` (`--pid P`, `--exe
+/// RE`), ready (and with uprobes attached when `uprobes_in` names a file a
+/// picked process maps).
 struct Agent {
     guard: Guard,
     pid: u32,
+    /// Its log up to `ready`.
+    log: Vec<String>,
 }
 
 impl Agent {
-    fn start(agent_bin: &Path, pid: u32, uprobes_in: Option<&str>) -> Result<Self> {
+    fn start(agent_bin: &Path, selector: &[&str], uprobes_in: Option<&str>) -> Result<Self> {
         let mut child = Command::new(agent_bin)
-            .args(["--log-level", "info", "run", "--pid", &pid.to_string()])
+            .args(["--log-level", "info", "run"])
+            .args(selector)
             .args(["--output", "json"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .context("starting the agent")?;
-        let log = lines_of(child.stderr.take().context("agent stderr")?);
-        let agent = Agent {
+        let lines = lines_of(child.stderr.take().context("agent stderr")?);
+        let mut log = Vec::new();
+        let limit = Duration::from_secs(120);
+        if let Some(file) = uprobes_in {
+            wait_for(&lines, &mut log, &["probing", file], limit)?;
+        }
+        wait_for(&lines, &mut log, &["tokentrace: ready"], limit)?;
+        Ok(Agent {
             pid: child.id(),
             guard: Guard(child),
-        };
-        let mut seen = Vec::new();
-        if let Some(file) = uprobes_in {
-            wait_for(&log, &mut seen, &["probing", file], Duration::from_secs(60))?;
-        }
-        wait_for(
-            &log,
-            &mut seen,
-            &["tokentrace: ready"],
-            Duration::from_secs(60),
-        )?;
-        Ok(agent)
+            log,
+        })
     }
 
     fn stop(mut self) -> Result<()> {
@@ -103,7 +103,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     let (mut base, mut with) = (Vec::new(), Vec::new());
     for round in 0..opts.rounds {
         let b = write_loop(opts.seconds)?;
-        let agent = Agent::start(agent_bin, idle.0.id(), None)?;
+        let agent = Agent::start(agent_bin, &["--pid", &idle.0.id().to_string()], None)?;
         let w = write_loop(opts.seconds)?;
         agent.stop()?;
         eprintln!("untraced write-loop round {round}: {b:.0} writes/s without agent, {w:.0} with: ratio {:.4}", w / b);
@@ -130,7 +130,11 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         // The traced loop holds at its gate: it maps libcudart and has its
         // probes, but launches nothing.
         let (traced, _out) = start_loop(&loop_bin, opts)?;
-        let agent = Agent::start(agent_bin, traced.0.id(), Some("libcudart.so.12: CUDA"))?;
+        let agent = Agent::start(
+            agent_bin,
+            &["--pid", &traced.0.id().to_string()],
+            Some("libcudart.so.12: CUDA"),
+        )?;
         let w = finish_loop_now(&loop_bin, opts)?.rate;
         agent.stop()?;
         drop(traced);
@@ -191,37 +195,13 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
     }
     let slab_before = kib("/proc/meminfo", "Slab")?;
     let started = std::time::Instant::now();
-    let mut child = Command::new(agent_bin)
-        .args([
-            "--log-level",
-            "info",
-            "run",
-            "--exe",
-            MARKER,
-            "--output",
-            "json",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the agent")?;
-    let log = lines_of(child.stderr.take().context("agent stderr")?);
-    let agent = Agent {
-        pid: child.id(),
-        guard: Guard(child),
-    };
-    let mut seen = Vec::new();
-    wait_for(
-        &log,
-        &mut seen,
-        &["tokentrace: ready"],
-        Duration::from_secs(120),
-    )?;
+    let agent = Agent::start(agent_bin, &["--exe", MARKER], None)?;
     let ready = started.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let rss = kib(&format!("/proc/{}/status", agent.pid), "VmRSS")?;
     let slab_after = kib("/proc/meminfo", "Slab")?;
-    let batch = seen
+    let batch = agent
+        .log
         .iter()
         .find(|l| l.contains("uprobe links for"))
         .map(|l| l.split("INFO").last().unwrap_or(l).trim().to_string())
