@@ -654,3 +654,138 @@ fn root_remote_session_against_a_running_daemon() {
     let stop = agent.stop();
     assert!(stop.is_some_and(|s| s.success()), "daemon exit {stop:?}");
 }
+
+/// The unprivileged user the control-endpoint test acts as (created if
+/// missing: a system account without a home or a login shell).
+const UNPRIVILEGED: &str = "tokentrace-test-nobody";
+
+fn ensure_unprivileged_user() {
+    let exists = Command::new("id")
+        .arg(UNPRIVILEGED)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !exists {
+        let out = Command::new("useradd")
+            .args([
+                "--system",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                UNPRIVILEGED,
+            ])
+            .output()
+            .expect("running useradd");
+        assert!(
+            out.status.success(),
+            "useradd {UNPRIVILEGED} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Runs `cmd` as the unprivileged user; returns (success, stdout+stderr).
+fn as_unprivileged(cmd: &[&str]) -> (bool, String) {
+    let out = Command::new("runuser")
+        .args(["-u", UNPRIVILEGED, "--"])
+        .args(cmd)
+        .current_dir("/")
+        .env_remove("TOKENTRACE_CONTROL_TOKEN")
+        .output()
+        .expect("running runuser");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `tokentrace run` with default control settings: only root gets in. An
+/// unprivileged local user can neither read the generated token nor use
+/// the endpoint without it (`record --remote` is refused with 401); root,
+/// with the token, can.
+#[test]
+fn root_control_endpoint_refuses_an_unprivileged_user() {
+    require_root("root_control_endpoint_refuses_an_unprivileged_user");
+    ensure_unprivileged_user();
+    let server = start_server(ServerKind::Stdlib, &[]);
+    let dir = fresh_dir("control-auth");
+    let sessions = dir.join("sessions");
+    let mut agent = start_agent(&[
+        "--pid".into(),
+        server.pid().to_string(),
+        "--duration".into(),
+        "120s".into(),
+        "--control-addr".into(),
+        "127.0.0.1:0".into(),
+        "--session-dir".into(),
+        sessions.display().to_string(),
+    ]);
+    let stderr = agent.proc.stderr.lines();
+    let control = stderr
+        .iter()
+        .find_map(|l| {
+            l.split("control endpoint at ")
+                .nth(1)
+                .map(|u| u.trim().to_string())
+        })
+        .expect("the daemon announces its control endpoint");
+    let token_path = sessions.join("control.token");
+    assert!(
+        stderr
+            .iter()
+            .any(|l| l.contains(&format!("control token in {}", token_path.display()))),
+        "the daemon names its token file:\n{}",
+        stderr.join("\n")
+    );
+    // the file is 0600 in a 0700 directory, both root's
+    let (read_ok, read_out) = as_unprivileged(&["cat", &token_path.display().to_string()]);
+    assert!(
+        !read_ok,
+        "{UNPRIVILEGED} read the control token: {read_out}"
+    );
+    eprintln!(
+        "[test] {UNPRIVILEGED} reading the token: {}",
+        read_out.trim()
+    );
+
+    let bin = agent_bin().display().to_string();
+    let out = format!("/tmp/tokentrace-test-unpriv-{}", std::process::id());
+    let pid = server.pid().to_string();
+    let (ok, text) = as_unprivileged(&[
+        &bin,
+        "record",
+        "--remote",
+        &control,
+        "--pid",
+        &pid,
+        "--duration",
+        "2s",
+        "--out",
+        &out,
+    ]);
+    eprintln!("[test] {UNPRIVILEGED}: record --remote: {}", text.trim());
+    assert!(!ok, "{UNPRIVILEGED} started a session: {text}");
+    assert!(
+        text.contains("401"),
+        "refused for the token, not something else: {text}"
+    );
+    assert!(!Path::new(&out).join("report.html").exists());
+
+    // root, with the generated token, gets in
+    let token = read(&token_path).trim().to_string();
+    let addr = control.trim_start_matches("http://").to_string();
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connect");
+    use std::io::{Read, Write};
+    write!(
+        stream,
+        "GET /v1/sessions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    )
+    .expect("send");
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).expect("reply");
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    let stop = agent.stop();
+    assert!(stop.is_some_and(|s| s.success()), "daemon exit {stop:?}");
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -12,6 +12,8 @@ pub mod discover;
 pub mod event;
 pub mod explain;
 pub mod export;
+#[cfg(test)]
+mod fuzz;
 pub mod ingest;
 pub mod k8s;
 pub mod output;

@@ -229,7 +229,8 @@ impl Pipeline<'_> {
         let stitch = self.stitcher.stats();
         AgentCounters {
             events_received: self.summary.events,
-            events_lost_kernel: kernel.ringbuf_drops + kernel.scratch_misses,
+            events_lost_kernel: kernel.records_lost(),
+            untraced_forks: kernel.traced_full,
             events_lost_agent: ingest.stats.channel_drops.load(Ordering::Relaxed),
             decode_errors: ingest.stats.decode_errors.load(Ordering::Relaxed),
             parse_errors: stitch.parse_errors,
@@ -409,8 +410,10 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         // Everything the kernel recorded before the stop is stitched first
         // (the ingest thread reads the ring buffer a last time); only then
         // are requests still in flight reported, marked as cut by the agent.
-        pipeline.probed.ingest.stop();
-        while let Ok(batch) = events_rx.try_recv() {
+        // Received until the thread ends and the channel closes: the
+        // thread waits on a full channel (backpressure) rather than drop.
+        pipeline.probed.ingest.request_stop();
+        while let Some(batch) = events_rx.recv().await {
             if pipeline.on_batch(&batch).is_some() {
                 break;
             }
@@ -420,6 +423,9 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
             .finish(monotonic_now(), &mut pipeline.finished);
         pipeline.report();
     }
+    // Whatever path ended the loop, an ingest thread waiting to send must
+    // not block its own join below.
+    events_rx.close();
     pipeline.exporter.observe_agent(pipeline.agent_counters());
     let Pipeline {
         stitcher,
@@ -439,8 +445,10 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     }
     ingest.stop();
     let losses = ingest.kernel_counters.read().unwrap_or_default();
-    summary.kernel_drops = losses.ringbuf_drops + losses.scratch_misses;
+    summary.kernel_drops = losses.records_lost();
+    summary.untraced_forks = losses.traced_full;
     summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
+    summary.channel_waits = ingest.stats.channel_waits.load(Ordering::Relaxed);
     summary.decode_errors = ingest.stats.decode_errors.load(Ordering::Relaxed);
     summary.stitch = stitcher.stats().clone();
     if stop == Stop::IngestEnded {

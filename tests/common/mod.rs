@@ -880,25 +880,32 @@ impl Dist {
 /// agent is inside them is then measured two ways: against the client (what
 /// users see: includes the request's wait in the socket before the server
 /// reads it, and the client's wake-up) and against the server's own stamps
-/// (the design's "server-side truth for tight assertions"). For each request
-/// the better of the two must agree within `ttft_abs_ms` (client TTFT −
-/// agent TTFT, or agent TTFT − (server first-chunk stamp − handler start));
-/// for each chunk the agent's emit must be within `chunk_close_ms` of the
-/// client's arrival or of the server's stamp. A request only the server-side
-/// truth vouches for is listed as a client-side outlier. Medians must stay
-/// tight (`*_p50_ms`), so a box too noisy to prove anything fails loudly.
+/// (the design's "server-side truth for tight assertions"). Neither is a
+/// reference load cannot move: a Python server preempted between its read
+/// and its handler's stamp, or between its stamp and its write, moves the
+/// server-side one; the client's wake-up moves the other. So agreement is
+/// judged on the distribution, not per request: at least `agree_fraction`
+/// of the requests must have the better of the two within `ttft_abs_ms`
+/// (client TTFT − agent TTFT, or agent TTFT − (server first-chunk stamp −
+/// handler start)), and at least `chunk_agree_fraction` of the chunks an
+/// emit within `chunk_close_ms` of the client's arrival or of the server's
+/// stamp; the rest are printed as outliers. Medians must stay tight
+/// (`*_p50_ms`), so a box too noisy to prove anything fails loudly.
 #[derive(Debug, Clone)]
 pub struct Tolerance {
     /// Rounding slack on bracket checks (the agent prints ms with 3
     /// decimals).
     pub slack_ms: f64,
     /// Per request: min(|client TTFT − agent TTFT|, |agent TTFT − server
-    /// TTFT|) below this.
+    /// TTFT|) below this, for `agree_fraction` of the requests.
     pub ttft_abs_ms: f64,
+    pub agree_fraction: f64,
     /// p50 over requests of that minimum.
     pub ttft_p50_ms: f64,
-    /// Per chunk: min(client arrival − emit, emit − server stamp) below this.
+    /// Per chunk: min(client arrival − emit, emit − server stamp) below
+    /// this, for `chunk_agree_fraction` of the chunks.
     pub chunk_close_ms: f64,
+    pub chunk_agree_fraction: f64,
     /// p50 over chunks of client arrival − agent emit, and of agent emit −
     /// server stamp.
     pub arrival_minus_emit_p50_ms: f64,
@@ -919,13 +926,23 @@ impl Tolerance {
     /// arrival − emit p50 0.1–0.2 ms, p99 ≤ 2 ms; emit − server stamp p50
     /// 0.02–0.2 ms. With other builds and test suites sharing the 2 cores,
     /// client-side deltas of 17–60 ms were seen (client starved), while the
-    /// server-side ones stayed under 5 ms.
+    /// server-side ones stayed under 5 ms — mostly: with builds loading the
+    /// box (load average 8) a TLS scenario had 1 of 28 requests at 4.5 ms
+    /// both ways (nginx and the client both late). With `stress-ng --cpu 1`
+    /// (ebpf_plaintext, ebpf_tls): up to 2 of 23-28 requests per scenario
+    /// off both ways (a Python server preempted between its read and its
+    /// handler's stamp, or its stamp and its write, while the client also
+    /// waited), and up to 2 of 364 chunks (0.5 %). Hence fractions, not every
+    /// request, with room over what was measured: 20 % and 3 %.
     pub fn light() -> Self {
         Tolerance {
             slack_ms: 0.01,
             ttft_abs_ms: 2.0,
+            // 4-5 of 20-28 requests may be outliers
+            agree_fraction: 0.8,
             ttft_p50_ms: 1.0,
             chunk_close_ms: 5.0,
+            chunk_agree_fraction: 0.97,
             arrival_minus_emit_p50_ms: 1.0,
             emit_minus_server_p50_ms: 1.0,
             first_wave_exempt: false,
@@ -963,6 +980,14 @@ pub struct Report {
     pub e2e_signed: Dist,
     /// Requests over `ttft_abs_ms` client-side that server-side truth vouches for.
     pub client_outliers: Vec<String>,
+    /// Requests over `ttft_abs_ms` both ways, and how many requests were
+    /// judged (first-wave exemptions excluded).
+    pub ttft_outliers: Vec<String>,
+    pub ttft_judged: usize,
+    /// Chunks farther than `chunk_close_ms` from both references, and how
+    /// many chunks were judged.
+    pub chunk_outliers: Vec<String>,
+    pub chunks_judged: usize,
     /// `ttft_best` of first-wave requests exempted by `first_wave_exempt`.
     pub first_wave_best: Dist,
 }
@@ -1000,6 +1025,31 @@ impl Report {
                 eprintln!("  {}", d.summary());
             }
         }
+        for (what, outliers, judged) in [
+            (
+                "request(s) off both ways (not failures within the agreement fraction)",
+                &self.ttft_outliers,
+                self.ttft_judged,
+            ),
+            (
+                "chunk(s) far from both references",
+                &self.chunk_outliers,
+                self.chunks_judged,
+            ),
+        ] {
+            if !outliers.is_empty() {
+                eprintln!(
+                    "  {} of {judged} {what}:\n    {}",
+                    outliers.len(),
+                    outliers
+                        .iter()
+                        .take(10)
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join("\n    ")
+                );
+            }
+        }
         if !self.client_outliers.is_empty() {
             eprintln!(
                 "  {} request(s) over the TTFT bound client-side, within it server-side (client starved or request queued in the socket):\n    {}",
@@ -1009,8 +1059,34 @@ impl Report {
         }
     }
 
-    /// Median checks: the brackets must be tight enough to mean something.
+    /// Median checks: the brackets must be tight enough to mean something;
+    /// and the agreement fractions.
     pub fn apply_budgets(&mut self, tol: &Tolerance) {
+        for (what, outliers, judged, fraction) in [
+            (
+                "requests",
+                &self.ttft_outliers,
+                self.ttft_judged,
+                tol.agree_fraction,
+            ),
+            (
+                "chunks",
+                &self.chunk_outliers,
+                self.chunks_judged,
+                tol.chunk_agree_fraction,
+            ),
+        ] {
+            // how many may be outliers: the fraction's complement, rounded down
+            let allowed = ((1.0 - fraction) * judged as f64 + 1e-9).floor() as usize;
+            if outliers.len() > allowed {
+                self.failures.push(format!(
+                    "{} of {judged} {what} outside the agreement bound (at most {allowed} may be, {:.0} % must agree):\n    {}",
+                    outliers.len(),
+                    fraction * 100.0,
+                    outliers.iter().take(20).cloned().collect::<Vec<_>>().join("\n    ")
+                ));
+            }
+        }
         for (d, bound) in [
             (&self.ttft_best, tol.ttft_p50_ms),
             (&self.arrival_minus_emit, tol.arrival_minus_emit_p50_ms),
@@ -1252,13 +1328,16 @@ pub fn compare(
                 );
                 if exempt {
                     // bracket-checked above; agreement not asserted
-                } else if best >= tol.ttft_abs_ms {
-                    f.push(ctx(format!(
-                        "TTFT off by >= {} ms both client- and server-side: {line}",
-                        tol.ttft_abs_ms
-                    )));
-                } else if dc.abs() >= tol.ttft_abs_ms {
-                    report.client_outliers.push(ctx(line));
+                } else {
+                    report.ttft_judged += 1;
+                    if best >= tol.ttft_abs_ms {
+                        report.ttft_outliers.push(ctx(format!(
+                            "TTFT off by >= {} ms both client- and server-side: {line}",
+                            tol.ttft_abs_ms
+                        )));
+                    } else if dc.abs() >= tol.ttft_abs_ms {
+                        report.client_outliers.push(ctx(line));
+                    }
                 }
             }
             (at, ct) => f.push(ctx(format!("TTFT missing: agent {at:?}, client {ct:?}"))),
@@ -1296,8 +1375,9 @@ pub fn compare(
                 }
             }
             let close = es.map_or(ae, |es| es.min(ae));
+            report.chunks_judged += 1;
             if close > tol.chunk_close_ms {
-                f.push(ctx(format!(
+                report.chunk_outliers.push(ctx(format!(
                     "chunk {i}: agent emit {ae:.3} ms before the client's arrival and {} after the server's stamp: neither within {} ms",
                     es.map_or("n/a".to_string(), |e| format!("{e:.3} ms")),
                     tol.chunk_close_ms

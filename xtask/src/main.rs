@@ -10,6 +10,7 @@
 //!   core busy
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server;
 //!   `bench replay`: userspace cost per event on generated records
+//! - `fuzz`    the property-based fuzz targets for `--minutes N` (default 1)
 //! - `gpu-check` a real CUDA program (PyTorch) under the agent: real CUDA
 //!   launches and syncs must arrive (needs a GPU; CI has none)
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
@@ -17,6 +18,7 @@
 mod bench;
 mod demo;
 mod deps;
+mod fuzz;
 mod gpu_check;
 mod native;
 mod stress;
@@ -53,10 +55,11 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
             util::cargo(&args)
         }
         "bench" => bench::run(rest),
+        "fuzz" => fuzz::run(rest),
         "gpu-check" => gpu_check::run(),
         "vmlinux" => deps::vmlinux(),
         other => bail!(
-            "unknown task {other:?}; tasks: deps, demo, native, test, bench, gpu-check, vmlinux"
+            "unknown task {other:?}; tasks: deps, demo, native, test, bench, fuzz, gpu-check, vmlinux"
         ),
     }
 }
@@ -65,7 +68,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
         eprintln!(
-            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|gpu-check|vmlinux> [args]"
+            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|fuzz [--minutes N]|gpu-check|vmlinux> [args]"
         );
         return ExitCode::from(2);
     };

@@ -234,7 +234,7 @@ impl Explainer {
                         start: c.ts_enter,
                         end: c.ts_exit,
                     },
-                    launches: c.kernel_launches + c.graph_launches,
+                    launches: c.kernel_launches.saturating_add(c.graph_launches),
                 },
             ),
             Event::OffCpu(o) => self.off_cpu.push(

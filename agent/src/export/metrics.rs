@@ -203,12 +203,16 @@ pub struct AgentCounters {
     pub events_received: u64,
     /// Records the kernel could not put in the ring buffer.
     pub events_lost_kernel: u64,
-    /// Decoded batches the agent dropped because stitching lagged.
+    /// Decoded events the agent dropped (only when stopping: a full channel
+    /// to stitching makes ingest wait instead).
     pub events_lost_agent: u64,
     pub decode_errors: u64,
     pub parse_errors: u64,
     pub truncated_writes: u64,
     pub open_connections: u64,
+    /// Children of traced processes the full in-kernel pid filter could
+    /// not take: they run untraced.
+    pub untraced_forks: u64,
 }
 
 /// Counters of the export path itself.
@@ -390,6 +394,14 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
             Counter,
             &[("where", "agent")],
             agent.events_lost_agent,
+        ),
+        m(
+            "tokentrace.forks.untraced",
+            "tokentrace_forks_untraced",
+            "Children of traced processes left untraced: the kernel's pid filter (8192) was full",
+            Counter,
+            &[],
+            agent.untraced_forks,
         ),
         m(
             "tokentrace.decode.errors",

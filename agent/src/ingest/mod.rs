@@ -4,6 +4,7 @@
 //! full), in decoding, and at the channel (consumer too slow).
 
 mod decode;
+mod deliver;
 mod wakeup;
 
 use std::cell::RefCell;
@@ -17,6 +18,7 @@ use anyhow::{anyhow, Context, Result};
 use tokio::sync::mpsc;
 
 pub use decode::{decode, DecodeError};
+use deliver::{deliver, Delivery};
 
 use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
 use crate::event::Event;
@@ -45,8 +47,12 @@ pub struct IngestStats {
     pub records: AtomicU64,
     /// Records that failed to decode.
     pub decode_errors: AtomicU64,
-    /// Events dropped because the consumer's channel was full.
+    /// Events dropped at the channel: only once stitching is gone (the
+    /// agent stopping); a full channel makes the ingest thread wait.
     pub channel_drops: AtomicU64,
+    /// Batches that found the channel full and waited for stitching
+    /// (backpressure; the ring buffer holds what arrives meanwhile).
+    pub channel_waits: AtomicU64,
 }
 
 /// A running ingest thread and the handles to steer the probes it owns.
@@ -121,11 +127,20 @@ impl Ingest {
             .map_err(|_| anyhow!("the ingest thread did not attach the probes within {timeout:?}"))
     }
 
-    /// Stops polling after a last read of the ring buffer (whose events are
-    /// still sent), and detaches the probes.
-    pub fn stop(&self) {
+    /// Asks the thread to read the ring buffer a last time, send what it
+    /// holds and end; returns at once. The caller keeps receiving until
+    /// the channel closes (the thread waits while it is full).
+    pub fn request_stop(&self) {
         self.stop.store(true, Ordering::Relaxed);
         self.wake.notify();
+    }
+
+    /// Stops polling after a last read of the ring buffer (whose events are
+    /// still sent), and detaches the probes. The receiving end must be
+    /// drained or closed first: a thread waiting on a full channel would
+    /// never be joined.
+    pub fn stop(&self) {
+        self.request_stop();
         let thread = self.thread.lock().ok().and_then(|mut slot| slot.take());
         if let Some(thread) = thread {
             if thread.join().is_err() {
@@ -281,10 +296,18 @@ fn run_thread(
         }
     };
     let probes = Probes { sock, infer };
-    let handles = probes
-        .sock
-        .traced_pids()
-        .and_then(|pids| Ok((pids, probes.sock.counters()?)));
+    let handles = probes.sock.traced_pids().and_then(|pids| {
+        let counters = probes.sock.counters()?;
+        let counters = match probes.infer.as_ref().map(InferProbes::bss_handle) {
+            Some(Ok(bss)) => counters.with_infer(bss),
+            Some(Err(err)) => {
+                tracing::warn!("inference probes' drop counter unreadable: {err:#}");
+                counters
+            }
+            None => counters,
+        };
+        Ok((pids, counters))
+    });
     let batch = RefCell::new(Vec::new());
     let ring = probes.sock.ring_buffer(|record| {
         stats.records.fetch_add(1, Ordering::Relaxed);
@@ -338,13 +361,14 @@ fn run_thread(
         }
         let ready_events = std::mem::take(&mut *batch.borrow_mut());
         if !ready_events.is_empty() {
-            let count = ready_events.len() as u64;
-            match events.try_send(ready_events) {
-                Ok(()) => {}
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    stats.channel_drops.fetch_add(count, Ordering::Relaxed);
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => break,
+            let delivered = deliver(
+                events,
+                ready_events,
+                &stats.channel_waits,
+                &stats.channel_drops,
+            );
+            if delivered == Delivery::Closed {
+                break;
             }
         }
         if stopping {

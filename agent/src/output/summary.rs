@@ -63,6 +63,11 @@ pub struct RunSummary {
     pub kernel_drops: u64,
     pub channel_drops: u64,
     pub decode_errors: u64,
+    /// Times the ingest thread waited for stitching (backpressure).
+    pub channel_waits: u64,
+    /// Children of traced processes the kernel's pid filter had no room
+    /// for (they run untraced).
+    pub untraced_forks: u64,
     pub stitch: StitchStats,
     inference: InferenceCounts,
 }
@@ -86,8 +91,11 @@ impl RunSummary {
             Event::Usdt(_) => counts.usdt_events += 1,
             Event::CudaSync(sync) => {
                 counts.cuda_syncs += 1;
-                counts.cuda_sync_wait_ns += sync.ts_exit.saturating_sub(sync.ts_enter);
-                counts.cuda_kernel_launches += sync.kernel_launches + sync.graph_launches;
+                // counts come from the kernel: saturate, never overflow
+                let wait = sync.ts_exit.saturating_sub(sync.ts_enter);
+                counts.cuda_sync_wait_ns = counts.cuda_sync_wait_ns.saturating_add(wait);
+                let launches = sync.kernel_launches.saturating_add(sync.graph_launches);
+                counts.cuda_kernel_launches = counts.cuda_kernel_launches.saturating_add(launches);
             }
             Event::OffCpu(_) => counts.off_cpu_intervals += 1,
             _ => {}
@@ -157,6 +165,8 @@ struct SummaryJson<'a> {
     kernel_drops: u64,
     channel_drops: u64,
     decode_errors: u64,
+    channel_waits: u64,
+    untraced_forks: u64,
     inference: InferenceJson,
     stitch: &'a StitchStats,
 }
@@ -185,6 +195,8 @@ impl RunSummary {
             kernel_drops: self.kernel_drops,
             channel_drops: self.channel_drops,
             decode_errors: self.decode_errors,
+            channel_waits: self.channel_waits,
+            untraced_forks: self.untraced_forks,
             inference: InferenceJson {
                 usdt_events: inf.usdt_events,
                 cuda_syncs: inf.cuda_syncs,
@@ -214,6 +226,20 @@ impl fmt::Display for RunSummary {
             "  events: {} received, {} lost in kernel, {} lost in agent, {} undecodable",
             self.events, self.kernel_drops, self.channel_drops, self.decode_errors
         )?;
+        if self.channel_waits > 0 {
+            writeln!(
+                f,
+                "  backpressure: the ingest thread waited {} times for stitching (records waited in the ring buffer)",
+                self.channel_waits
+            )?;
+        }
+        if self.untraced_forks > 0 {
+            writeln!(
+                f,
+                "  untraced: {} forked children (the kernel's pid filter is full: 8192 processes)",
+                self.untraced_forks
+            )?;
+        }
         let inf = &self.inference;
         writeln!(
             f,

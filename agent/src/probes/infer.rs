@@ -9,7 +9,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, OpenObject, UsdtOpts};
+use libbpf_rs::{Link, OpenObject, UsdtOpts};
 use tokentrace_probes::infer::types::tt_llm_probe;
 use tokentrace_probes::infer::{InferSkel, InferSkelBuilder};
 
@@ -153,19 +153,10 @@ impl InferProbes {
         Ok(links)
     }
 
-    /// Records the inference probes lost to a full ring buffer.
-    pub fn ringbuf_drops(&self) -> u64 {
-        self.skel
-            .maps
-            .bss
-            .lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)
-            .ok()
-            .flatten()
-            .and_then(|bss| {
-                plain::from_bytes::<tokentrace_probes::infer::types::bss>(&bss)
-                    .ok()
-                    .map(|b| b.ringbuf_drops)
-            })
-            .unwrap_or(0)
+    /// A handle on the inference probes' `.bss` (their ring buffer drop
+    /// counter), for [`KernelCounters`](super::KernelCounters) to read
+    /// from any thread.
+    pub fn bss_handle(&self) -> Result<libbpf_rs::MapHandle> {
+        libbpf_rs::MapHandle::try_from(&self.skel.maps.bss).context("duplicating infer .bss")
     }
 }

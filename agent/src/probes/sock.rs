@@ -126,7 +126,7 @@ impl SockProbes {
     /// A handle on the kernel-side loss counters, usable from another thread.
     pub fn counters(&self) -> Result<KernelCounters> {
         let map = MapHandle::try_from(&self.skel.maps.bss).context("duplicating .bss")?;
-        Ok(KernelCounters { map })
+        Ok(KernelCounters { map, infer: None })
     }
 }
 
@@ -183,10 +183,13 @@ impl TracedPids {
     }
 }
 
-/// Losses counted by the probes themselves.
+/// Losses counted by the probes themselves: the socket probes' `.bss`
+/// and, when they loaded, the inference probes' (their own ring buffer
+/// reserve failures).
 #[derive(Debug)]
 pub struct KernelCounters {
     map: MapHandle,
+    infer: Option<MapHandle>,
 }
 
 /// A snapshot of [`KernelCounters`].
@@ -199,9 +202,27 @@ pub struct KernelLosses {
     /// Forked children of traced processes the full pid filter could not
     /// take (untraced).
     pub traced_full: u64,
+    /// Inference records (USDT, CUDA, off-CPU) that did not fit in the
+    /// ring buffer.
+    pub infer_ringbuf_drops: u64,
+}
+
+impl KernelLosses {
+    /// Every record lost in the kernel, of any probe.
+    pub fn records_lost(&self) -> u64 {
+        self.ringbuf_drops + self.scratch_misses + self.infer_ringbuf_drops
+    }
 }
 
 impl KernelCounters {
+    /// Also reads the inference probes' drop counter from `infer_bss`.
+    pub fn with_infer(self, infer_bss: MapHandle) -> Self {
+        KernelCounters {
+            infer: Some(infer_bss),
+            ..self
+        }
+    }
+
     pub fn read(&self) -> Result<KernelLosses> {
         let bss = self
             .map
@@ -210,10 +231,25 @@ impl KernelCounters {
             .context("probes' .bss is empty")?;
         let counters = plain::from_bytes::<types::bss>(&bss)
             .map_err(|err| anyhow::anyhow!("probes' .bss has an unexpected layout: {err:?}"))?;
+        let infer_ringbuf_drops = match &self.infer {
+            None => 0,
+            Some(map) => {
+                let bss = map
+                    .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
+                    .context("reading the inference probes' .bss counters")?
+                    .context("inference probes' .bss is empty")?;
+                plain::from_bytes::<tokentrace_probes::infer::types::bss>(&bss)
+                    .map_err(|err| {
+                        anyhow::anyhow!("inference probes' .bss has an unexpected layout: {err:?}")
+                    })?
+                    .ringbuf_drops
+            }
+        };
         Ok(KernelLosses {
             ringbuf_drops: counters.ringbuf_drops,
             scratch_misses: counters.scratch_misses,
             traced_full: counters.traced_full,
+            infer_ringbuf_drops,
         })
     }
 }

@@ -10,9 +10,12 @@
 //! - `GET /v1/sessions/{id}/artifacts/{name}` downloads a finished one's
 //!   artifact (only the names in [`super::ARTIFACTS`]).
 //!
-//! Bound to localhost by default. With `--control-token-file` every request
-//! needs `Authorization: Bearer <token>`; bind beyond localhost only with a
-//! token (the agent warns otherwise).
+//! Bound to localhost by default, and every request needs `Authorization:
+//! Bearer <token>`: the token of `--control-token-file`, or one the agent
+//! generates at start into a root-only file (see [`super::token`]). A bind
+//! beyond localhost is refused without `--control-token-file`. Request
+//! heads are limited to 16 KiB and bodies to 64 KiB; artifacts are served
+//! only by their fixed names and never through a symlink.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -31,7 +34,7 @@ use serde::Serialize;
 use tokio::net::TcpListener;
 
 use super::hub::{HubSettings, SessionHub, SessionRequest};
-use super::{artifact_path, content_type};
+use super::{artifact_path, content_type, token};
 use crate::config::Config;
 
 /// Where the endpoint listens unless told otherwise.
@@ -42,6 +45,8 @@ pub const DEFAULT_SESSION_DIR: &str = "/var/lib/tokentrace/sessions";
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 /// Largest request body read (a session request is a few hundred bytes).
 const MAX_BODY_BYTES: usize = 64 * 1024;
+/// Largest request head (request line and headers) hyper buffers.
+const MAX_HEAD_BYTES: usize = 16 * 1024;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Control endpoint flags of `tokentrace run`.
@@ -56,8 +61,10 @@ pub struct ControlArgs {
     #[arg(long, conflicts_with = "control_addr")]
     pub no_control: bool,
 
-    /// Require `Authorization: Bearer <token>` on the control API; the
-    /// token is this file's content (trimmed).
+    /// The bearer token the control API requires: this file's content
+    /// (trimmed). Without it the agent generates one into
+    /// <session dir>/control.token (root only). Needed for a non-loopback
+    /// --control-addr.
     #[arg(long, env = "TOKENTRACE_CONTROL_TOKEN_FILE")]
     pub control_token_file: Option<PathBuf>,
 
@@ -92,18 +99,6 @@ impl Drop for ControlServer {
     }
 }
 
-/// Reads the bearer token file.
-fn read_token(path: &std::path::Path) -> Result<String> {
-    let token = std::fs::read_to_string(path)
-        .with_context(|| format!("--control-token-file {}", path.display()))?
-        .trim()
-        .to_string();
-    if token.is_empty() {
-        bail!("--control-token-file {} is empty", path.display());
-    }
-    Ok(token)
-}
-
 /// Starts the endpoint as `args` say. An explicit `--control-addr` that
 /// cannot be bound is an error; the default address being taken (another
 /// agent on this host) is only a warning.
@@ -111,11 +106,12 @@ pub async fn start(args: &ControlArgs, hub: SessionHub) -> Result<Option<Control
     if args.no_control {
         return Ok(None);
     }
-    let token = args
+    let given = args
         .control_token_file
         .as_deref()
-        .map(read_token)
-        .transpose()?;
+        .map(token::read_token)
+        .transpose()
+        .context("--control-token-file")?;
     let (addr, explicit) = match args.control_addr {
         Some(addr) => (addr, true),
         None => (
@@ -125,6 +121,12 @@ pub async fn start(args: &ControlArgs, hub: SessionHub) -> Result<Option<Control
             false,
         ),
     };
+    if given.is_none() && !addr.ip().is_loopback() {
+        bail!(
+            "--control-addr {addr} is reachable from other hosts: give it a token they must present \
+             (--control-token-file FILE), or bind to 127.0.0.1"
+        );
+    }
     let listener = match TcpListener::bind(addr).await {
         Ok(listener) => listener,
         Err(err) if !explicit => {
@@ -138,11 +140,29 @@ pub async fn start(args: &ControlArgs, hub: SessionHub) -> Result<Option<Control
         }
     };
     let addr = listener.local_addr().context("control endpoint address")?;
-    if token.is_none() && !addr.ip().is_loopback() {
-        tracing::warn!(
-            "control endpoint on {addr} without --control-token-file: anyone who can reach it can start sessions"
-        );
-    }
+    let token = match given {
+        Some(token) => token,
+        None => {
+            // No way in is safer than an open one: if the token cannot be
+            // stored (read-only filesystem), the endpoint stays off.
+            let dir = args.session_dir();
+            match token::generate().and_then(|t| Ok((token::write_private(&dir, &t)?, t))) {
+                Ok((path, token)) => {
+                    eprintln!(
+                        "tokentrace: control token in {} (root only; record --remote reads it)",
+                        path.display()
+                    );
+                    token
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        "control endpoint off: cannot store its token: {err:#} (give --control-token-file, or --session-dir on a writable filesystem)"
+                    );
+                    return Ok(None);
+                }
+            }
+        }
+    };
     eprintln!("tokentrace: control endpoint at http://{addr}");
     let state = Arc::new(State { hub, token });
     let task = tokio::spawn(serve(listener, state));
@@ -174,7 +194,7 @@ pub async fn for_run(
 
 struct State {
     hub: SessionHub,
-    token: Option<String>,
+    token: String,
 }
 
 /// Compares in time independent of where the strings differ.
@@ -189,8 +209,7 @@ fn same_token(given: &[u8], expected: &[u8]) -> bool {
         == 0
 }
 
-fn authorized(req: &Request<Incoming>, token: Option<&str>) -> bool {
-    let Some(token) = token else { return true };
+fn authorized(req: &Request<Incoming>, token: &str) -> bool {
     req.headers()
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -281,9 +300,13 @@ async fn artifact(hub: &SessionHub, id: &str, name: &str) -> Reply {
             &format!("no artifact named {name:?}"),
         );
     };
-    let read = tokio::task::spawn_blocking(move || std::fs::read(path)).await;
+    let read = tokio::task::spawn_blocking(move || read_no_symlink(&path)).await;
     match read.unwrap_or_else(|err| Err(std::io::Error::other(err))) {
         Ok(bytes) => reply(StatusCode::OK, content_type(name), Bytes::from(bytes)),
+        Err(err) if err.raw_os_error() == Some(libc::ELOOP) => error(
+            StatusCode::FORBIDDEN,
+            &format!("session {id}'s {name} is a symlink: not served"),
+        ),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => error(
             StatusCode::NOT_FOUND,
             &format!("session {id} has no {name}"),
@@ -295,11 +318,25 @@ async fn artifact(hub: &SessionHub, id: &str, name: &str) -> Reply {
     }
 }
 
+/// Reads an artifact, refusing a symlink in its place (O_NOFOLLOW: a link
+/// planted there would hand out any file root can read).
+fn read_no_symlink(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(path)?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 async fn handle(req: Request<Incoming>, state: &State) -> Reply {
-    if !authorized(&req, state.token.as_deref()) {
+    if !authorized(&req, &state.token) {
         let mut response = error(
             StatusCode::UNAUTHORIZED,
-            "this endpoint needs Authorization: Bearer <token> (record --remote reads TOKENTRACE_CONTROL_TOKEN or --token-file)",
+            "this endpoint needs Authorization: Bearer <token> (record --remote reads --token-file, TOKENTRACE_CONTROL_TOKEN, or the agent's root-only /var/lib/tokentrace/sessions/control.token)",
         );
         response
             .headers_mut()
@@ -359,6 +396,7 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
             let served = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_READ_TIMEOUT)
+                .max_buf_size(MAX_HEAD_BYTES)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
             if let Err(err) = served {
@@ -371,6 +409,170 @@ async fn serve(listener: TcpListener, state: Arc<State>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::session::hub::SelectorSpec;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    fn hub(dir: &std::path::Path) -> SessionHub {
+        SessionHub::new(HubSettings {
+            stitch: StitchConfig::default(),
+            idle_timeout: Duration::from_secs(300),
+            explain: crate::config::ExplainConfig::default(),
+            sessions_dir: dir.to_path_buf(),
+            allow_raw: false,
+            max_duration: Some(MAX_DURATION),
+        })
+    }
+
+    /// One raw HTTP/1.1 exchange; returns the status code and the body.
+    async fn exchange(addr: SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let mut req = head.replace('\n', "\r\n").into_bytes();
+        req.extend_from_slice(body);
+        // the server may answer (and close) before reading a refused body
+        let _ = stream.write_all(&req).await;
+        let mut reply = Vec::new();
+        let _ = stream.read_to_end(&mut reply).await;
+        let text = String::from_utf8_lossy(&reply).to_string();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let body = text
+            .split("\r\n\r\n")
+            .nth(1)
+            .unwrap_or_default()
+            .to_string();
+        (status, body)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn by_default_only_the_root_only_generated_token_gets_in() {
+        let dir = std::env::temp_dir().join(format!("tt-control-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let sessions = dir.join("sessions");
+        let hub = hub(&sessions);
+        let args = ControlArgs {
+            control_addr: Some("127.0.0.1:0".parse().expect("addr")),
+            session_dir: Some(sessions.clone()),
+            ..ControlArgs::default()
+        };
+        let server = start(&args, hub.clone())
+            .await
+            .expect("start")
+            .expect("serving");
+        let token_path = sessions.join(token::TOKEN_FILE_NAME);
+        let token = token::read_token(&token_path).expect("generated token");
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&token_path).map(|m| m.permissions().mode() & 0o777);
+        assert_eq!(mode.ok(), Some(0o600));
+        let addr = server.addr;
+        let get = |path: &str, auth: Option<&str>| {
+            format!(
+                "GET {path} HTTP/1.1\nHost: x\nConnection: close\n{}\n",
+                auth.map(|t| format!("Authorization: Bearer {t}\n"))
+                    .unwrap_or_default()
+            )
+        };
+        assert_eq!(exchange(addr, &get("/v1/sessions", None), b"").await.0, 401);
+        assert_eq!(
+            exchange(addr, &get("/v1/sessions", Some("guess")), b"")
+                .await
+                .0,
+            401
+        );
+        assert_eq!(
+            exchange(addr, &get("/v1/sessions", Some(&token)), b"")
+                .await
+                .0,
+            200
+        );
+        // heads and bodies are bounded
+        let huge_header = format!(
+            "GET /v1/sessions HTTP/1.1\nHost: x\nAuthorization: Bearer {token}\nX-Pad: {}\nConnection: close\n\n",
+            "a".repeat(4 * MAX_HEAD_BYTES)
+        );
+        let (status, _) = exchange(addr, &huge_header, b"").await;
+        assert!(status == 431 || status == 0, "oversized head: {status}");
+        let big = vec![b' '; 2 * MAX_BODY_BYTES];
+        let post = format!(
+            "POST /v1/sessions HTTP/1.1\nHost: x\nAuthorization: Bearer {token}\nContent-Length: {}\nConnection: close\n\n",
+            big.len()
+        );
+        let (status, body) = exchange(addr, &post, &big).await;
+        assert_eq!(status, 400, "{body}");
+        assert!(body.contains("at most 65536 bytes"), "{body}");
+
+        // a finished session's artifacts: fixed names only, never a symlink
+        let request = SessionRequest {
+            selector: SelectorSpec::default(),
+            duration: Some(Duration::from_secs(60)),
+            profile_hz: 0,
+            raw: false,
+        };
+        let session = hub.start(request, None).expect("session");
+        assert!(hub.stop(&session.id));
+        let done = tokio::task::spawn_blocking({
+            let hub = hub.clone();
+            let id = session.id.clone();
+            move || hub.wait(&id)
+        })
+        .await
+        .expect("wait");
+        assert!(done.is_some());
+        let artifacts = format!("/v1/sessions/{}/artifacts", session.id);
+        let (status, _) = exchange(
+            addr,
+            &get(&format!("{artifacts}/requests.csv"), Some(&token)),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 200);
+        for name in [
+            "..%2F..%2Fcontrol.token",
+            "control.token",
+            "%2Fetc%2Fpasswd",
+            "..",
+            "requests.csv%00",
+        ] {
+            let (status, body) = exchange(
+                addr,
+                &get(&format!("{artifacts}/{name}"), Some(&token)),
+                b"",
+            )
+            .await;
+            assert_eq!(status, 404, "{name}: {body}");
+            assert!(!body.contains(&token));
+        }
+        let out = hub.artifacts_dir(&session.id).expect("artifacts dir");
+        let planted = out.join("report.html");
+        std::fs::remove_file(&planted).expect("remove report");
+        std::os::unix::fs::symlink(&token_path, &planted).expect("symlink");
+        let (status, body) = exchange(
+            addr,
+            &get(&format!("{artifacts}/report.html"), Some(&token)),
+            b"",
+        )
+        .await;
+        assert_eq!(status, 403, "{body}");
+        assert!(!body.contains(&token), "the token leaked through a symlink");
+        drop(server);
+        hub.shutdown();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_bind_beyond_localhost_needs_a_token_file() {
+        let dir = std::env::temp_dir().join(format!("tt-control-wide-{}", std::process::id()));
+        let args = ControlArgs {
+            control_addr: Some("0.0.0.0:0".parse().expect("addr")),
+            session_dir: Some(dir.clone()),
+            ..ControlArgs::default()
+        };
+        let err = start(&args, hub(&dir)).await.expect_err("refused");
+        assert!(err.to_string().contains("--control-token-file"), "{err:#}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn tokens_compare_whole() {
@@ -378,15 +580,5 @@ mod tests {
         assert!(!same_token(b"secreT", b"secret"));
         assert!(!same_token(b"secret1", b"secret"));
         assert!(!same_token(b"", b"secret"));
-    }
-
-    #[test]
-    fn token_files_are_trimmed_and_must_not_be_empty() {
-        let path = std::env::temp_dir().join(format!("tt-token-{}", std::process::id()));
-        std::fs::write(&path, "s3cret\n").expect("write");
-        assert_eq!(read_token(&path).expect("token"), "s3cret");
-        std::fs::write(&path, "\n").expect("write");
-        assert!(read_token(&path).is_err());
-        let _ = std::fs::remove_file(&path);
     }
 }

@@ -282,7 +282,7 @@ impl SessionCore {
             Event::CudaSync(c) => {
                 let kind = SliceKind::CudaSync {
                     call: c.call,
-                    launches: c.kernel_launches + c.graph_launches,
+                    launches: c.kernel_launches.saturating_add(c.graph_launches),
                 };
                 self.slice(c.pid, c.tid, c.ts_enter, c.ts_exit, kind);
             }

@@ -27,6 +27,7 @@ pub mod rawpb;
 pub mod record;
 mod remote;
 pub mod replay;
+pub mod token;
 
 use std::fs;
 use std::path::{Path, PathBuf};

@@ -74,7 +74,8 @@ pub struct RecordArgs {
     pub remote: Option<String>,
 
     /// Bearer token for --remote, read from this file (else from
-    /// TOKENTRACE_CONTROL_TOKEN).
+    /// TOKENTRACE_CONTROL_TOKEN, else from the local agent's root-only
+    /// /var/lib/tokentrace/sessions/control.token).
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 }
@@ -110,10 +111,22 @@ impl RecordArgs {
                 .with_context(|| format!("--token-file {}", path.display()))?;
             return Ok(Some(token.trim().to_string()));
         }
-        Ok(std::env::var("TOKENTRACE_CONTROL_TOKEN")
+        if let Some(token) = std::env::var("TOKENTRACE_CONTROL_TOKEN")
             .ok()
             .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty()))
+            .filter(|t| !t.is_empty())
+        {
+            return Ok(Some(token));
+        }
+        // The agent on this host keeps its generated token root-only.
+        let local = super::token::default_token_path();
+        match super::token::read_token(&local) {
+            Ok(token) => Ok(Some(token)),
+            Err(err) if local.exists() => Err(err.context(
+                "the local agent's control token is root-only: run as root, or pass --token-file",
+            )),
+            Err(_) => Ok(None),
+        }
     }
 }
 

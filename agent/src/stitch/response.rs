@@ -308,7 +308,7 @@ impl Body {
                     Some(Piece::Data(data)) => self.content.on_bytes(data, ts, ex),
                     Some(Piece::ChunkEnd) => {
                         if self.content.kind == BodyKind::Chunked {
-                            ex.timeline.chunk_ts.push(ts);
+                            ex.timeline.push_chunk(ts);
                         }
                     }
                     Some(Piece::Done) => return Ok(true),
@@ -342,10 +342,10 @@ impl Content {
         } = ex;
         tl.first_body_byte.get_or_insert(ts);
         match self.kind {
-            BodyKind::Fixed if tl.chunk_ts.is_empty() => tl.chunk_ts.push(ts),
+            BodyKind::Fixed if tl.chunk_ts.is_empty() => tl.push_chunk(ts),
             BodyKind::UntilClose if !self.write_counted => {
                 self.write_counted = true;
-                tl.chunk_ts.push(ts);
+                tl.push_chunk(ts);
             }
             _ => {}
         }
@@ -355,7 +355,7 @@ impl Content {
                     tl.done_seen = true;
                     continue;
                 }
-                tl.chunk_ts.push(ts);
+                tl.push_chunk(ts);
                 let want_ids = tl.response_id.is_none() || response_model.is_none();
                 if want_ids || json_fields::may_carry_usage(event.data) {
                     let fields = json_fields::extract(event.data, event.complete);

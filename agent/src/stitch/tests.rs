@@ -1522,3 +1522,109 @@ fn tls_connections_are_keyed_by_ssl_pointer_and_closed_by_ssl_free() {
     let done = sim.one();
     assert_eq!((done.conn, done.aborted), (b, false));
 }
+
+// ---- Event order: what ingest guarantees and what it does not ----
+//
+// Ingest hands events on in ring buffer order: the order in which the
+// probes *reserved* their records, on whatever CPU they ran. A data
+// record is reserved after its syscall, so per socket it follows the order
+// in which the bytes went through (the socket lock serialises them), but
+// timestamps are read before the reservation: records of different CPUs
+// can arrive out of timestamp order, by the time between a probe's
+// clock read and its reserve. Nothing sorts them. So stitching must only
+// need byte order per connection, never global time order.
+
+/// Two connections whose records arrive interleaved and out of time order
+/// (conn B's earlier request after conn A's later events): each timeline
+/// is built from its own connection's bytes, with its own times.
+#[test]
+fn connections_interleaved_out_of_time_order_stitch_independently() {
+    let mut sim = Sim::new();
+    let a = sim.conn;
+    let b = conn_id(8, 992);
+    sim.accept_on(b, 2);
+    let events = standard_events();
+    let write_on = |sim: &mut Sim, conn, ts, bytes: &[u8]| {
+        sim.data_on(conn, Direction::Egress, ts, bytes, bytes.len());
+    };
+    // A's request and head at 1000.., then B's (earlier) at 500..
+    sim.read_on(a, 1_000, chat_request("m", true));
+    write_on(&mut sim, a, 1_100, SSE_CHUNKED_HEAD.as_bytes());
+    sim.read_on(b, 500, chat_request("m", true));
+    write_on(&mut sim, b, 600, SSE_CHUNKED_HEAD.as_bytes());
+    for (i, event) in events.iter().enumerate() {
+        let i = i as u64;
+        // B's chunk i arrives before A's although it is 500 ns earlier...
+        write_on(&mut sim, b, 700 + 100 * i, &chunk(event));
+        write_on(&mut sim, a, 1_200 + 100 * i, &chunk(event));
+    }
+    // ...and A finishes first in arrival order
+    write_on(&mut sim, a, 2_000, LAST_CHUNK);
+    write_on(&mut sim, b, 1_500, LAST_CHUNK);
+    let out = sim.take();
+    assert_eq!(out.len(), 2, "{out:#?}");
+    let (ta, tb) = (&out[0], &out[1]);
+    assert_eq!((ta.conn, tb.conn), (a, b));
+    assert_eq!(ta.chunk_ts, vec![1_200, 1_300, 1_400, 1_500]);
+    assert_eq!(tb.chunk_ts, vec![700, 800, 900, 1_000]);
+    assert_eq!((ta.ttft_ns(), tb.ttft_ns()), (Some(200), Some(200)));
+    assert_eq!((ta.e2e_ns(), tb.e2e_ns()), (1_000, 1_000));
+    assert_eq!(sim.st.stats().parse_errors, 0);
+}
+
+/// Two threads writing one socket (an event loop's executor threads): the
+/// bytes arrive in socket order, but the second chunk's write was entered
+/// before the first's (it waited for the socket lock). Every event is
+/// still counted once, and no gap is negative: the late-stamped chunk's
+/// emit is the previous chunk's.
+#[test]
+fn two_writers_on_one_connection_with_swapped_entry_times() {
+    let mut sim = Sim::new();
+    sim.read(100, chat_request("m", true));
+    sim.write(200, SSE_CHUNKED_HEAD);
+    let events = standard_events();
+    // chunk 1 entered at 450, chunk 2 (its bytes after chunk 1's) at 400
+    let times = [300u64, 450, 400, 600, 700];
+    for (event, ts) in events.iter().zip(times) {
+        sim.write(ts, chunk(event));
+    }
+    sim.write(800, LAST_CHUNK);
+    let tl = sim.one();
+    assert_eq!(tl.chunk_ts, vec![300, 450, 450, 600]);
+    assert_eq!(tl.itl_ns(), vec![150, 0, 150]);
+    assert_eq!(
+        tl.itl_ns().iter().sum::<u64>(),
+        tl.chunk_ts[3] - tl.chunk_ts[0],
+        "gaps add up to first-to-last"
+    );
+    assert_eq!(tl.response_id.as_deref(), Some("chatcmpl-42"));
+    assert!(tl.done_seen && !tl.aborted);
+    assert_eq!(sim.st.stats().parse_errors, 0);
+}
+
+/// A request read whose record arrives after the first response write's
+/// (two threads: one read the request, another wrote; their records were
+/// reserved on two CPUs in the other order). The bytes then do not match
+/// HTTP order on the connection: the response has no request. That is
+/// counted and the connection recovers for its next request; nothing
+/// panics and nothing is misattributed.
+#[test]
+fn a_response_record_before_its_request_record_is_counted_and_recovered() {
+    let mut sim = Sim::new();
+    let events = standard_events();
+    let response = build_sse_response(&events).bytes;
+    sim.write(200, &response);
+    sim.read(100, chat_request("m", true));
+    assert!(
+        sim.take().is_empty(),
+        "no timeline from the orphaned response"
+    );
+    assert!(sim.st.stats().parse_errors >= 1, "{:?}", sim.st.stats());
+    // the next exchange on the connection, in order, is stitched whole
+    // (the request read above is still pending and gets this response)
+    sim.write(300, &response);
+    let tl = sim.one();
+    assert_eq!(tl.request_start, 100);
+    assert_eq!(tl.chunk_ts.len(), 4);
+    assert!(tl.done_seen && !tl.aborted);
+}

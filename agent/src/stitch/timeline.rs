@@ -138,6 +138,18 @@ impl RequestTimeline {
         )
     }
 
+    /// Records a chunk emitted by a write entered at `ts`. Chunks come in
+    /// byte order, but two threads writing one socket can enter their
+    /// writes in the other order (and records from different CPUs reach
+    /// the ring buffer in reservation order, not timestamp order): a later
+    /// chunk's bytes cannot have left before an earlier chunk's, so its
+    /// emit is at least the previous one's. Gaps stay non-negative and add
+    /// up to first-to-last.
+    pub fn push_chunk(&mut self, ts: MonoNs) {
+        let ts = self.chunk_ts.last().map_or(ts, |&last| ts.max(last));
+        self.chunk_ts.push(ts);
+    }
+
     /// Time to first token: first chunk emit (first body byte for
     /// non-SSE responses) minus request start.
     pub fn ttft_ns(&self) -> Option<u64> {

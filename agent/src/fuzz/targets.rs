@@ -1,0 +1,437 @@
+//! The fuzz targets, and the regression cases found with them.
+
+use proptest::collection::vec;
+use proptest::prelude::*;
+
+use super::alloc_meter::peak_growth;
+use super::{fuzz, seeds};
+use crate::event::{ConnEvent, ConnId, DataEvent, Direction, Event, IoCall};
+use crate::ingest::decode;
+use crate::output::OutputFormat;
+use crate::pipeline::{Pipeline, RecordReplay};
+use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
+
+/// One change to a seed: at `at` (scaled to the input), `op` with `byte`.
+#[derive(Debug, Clone)]
+struct Mutation {
+    at: u32,
+    op: u8,
+    byte: u8,
+}
+
+fn mutations(max: usize) -> impl Strategy<Value = Vec<Mutation>> {
+    vec(
+        (any::<u32>(), 0u8..6, any::<u8>()).prop_map(|(at, op, byte)| Mutation { at, op, byte }),
+        0..max,
+    )
+}
+
+/// Byte-level mutations: overwrite, insert, delete, flip a bit, truncate,
+/// duplicate a run.
+fn mutate_bytes(bytes: &mut Vec<u8>, muts: &[Mutation]) {
+    for m in muts {
+        if bytes.is_empty() {
+            bytes.push(m.byte);
+            continue;
+        }
+        let i = m.at as usize % bytes.len();
+        match m.op {
+            0 => bytes[i] = m.byte,
+            1 => bytes.insert(i, m.byte),
+            2 => {
+                bytes.remove(i);
+            }
+            3 => bytes[i] ^= 1 << (m.byte % 8),
+            4 => bytes.truncate(i),
+            _ => {
+                let end = (i + 1 + usize::from(m.byte)).min(bytes.len());
+                let run = bytes[i..end].to_vec();
+                bytes.splice(i..i, run);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------- raw records
+
+/// Record-level mutations of a captured run: bytes changed inside records,
+/// records truncated, dropped, duplicated, swapped (lost, repeated or
+/// reordered ring buffer records), plus a few arbitrary byte strings.
+fn raw_run() -> impl Strategy<Value = (Vec<(u32, Mutation)>, Vec<Vec<u8>>)> {
+    (
+        vec((any::<u32>(), (any::<u32>(), 0u8..10, any::<u8>())), 0..24).prop_map(|v| {
+            v.into_iter()
+                .map(|(r, (at, op, byte))| (r, Mutation { at, op, byte }))
+                .collect()
+        }),
+        vec(vec(any::<u8>(), 0..160), 0..4),
+    )
+}
+
+/// The whole userspace path of `tokentrace run`, as the replay bench runs
+/// it: decode, stitch, explain, the summary, and the JSON lines (into a
+/// buffer). Returns the output and how many requests it reported.
+fn feed_records(records: &[Vec<u8>]) -> (Vec<u8>, u64) {
+    let pipeline = Pipeline::new(StitchConfig::default(), 30_000_000, 120_000_000_000);
+    let mut replay = RecordReplay::new(pipeline, OutputFormat::Json, Vec::new());
+    let mut last = 0;
+    for record in records {
+        if let Ok(event) = decode(record) {
+            last = last.max(event.order_ts());
+        }
+        replay
+            .push_record(record)
+            .expect("a Vec sink does not fail");
+    }
+    replay
+        .tick(last.saturating_add(1), 1_000_000_000)
+        .expect("a Vec sink does not fail");
+    let (summary, _, out) = replay
+        .finish(last.saturating_add(2))
+        .expect("a Vec sink does not fail");
+    (out, summary.requests())
+}
+
+#[test]
+fn fuzz_raw_records_decode_and_stitch() {
+    let seed = seeds::raw_records();
+    assert!(seed.len() > 100, "the seed run has {} records", seed.len());
+    // unmutated, the seed stitches into whole requests
+    let (lines, requests) = feed_records(&seed);
+    assert!(
+        requests > 3 && String::from_utf8_lossy(&lines).contains("\"chunks\""),
+        "{requests} requests"
+    );
+    fuzz("raw_records", 48, raw_run(), |(muts, extra)| {
+        let mut records = seed.clone();
+        for (r, m) in &muts {
+            if records.is_empty() {
+                break;
+            }
+            let i = *r as usize % records.len();
+            match m.op {
+                0..=5 => mutate_bytes(&mut records[i], std::slice::from_ref(m)),
+                6 => {
+                    records.remove(i);
+                }
+                7 => {
+                    let dup = records[i].clone();
+                    records.insert(i, dup);
+                }
+                _ => {
+                    let j = (i + 1).min(records.len() - 1);
+                    records.swap(i, j);
+                }
+            }
+        }
+        records.extend(extra);
+        let _ = feed_records(&records);
+    });
+}
+
+#[test]
+fn fuzz_decode_arbitrary_bytes() {
+    fuzz("decode_bytes", 512, vec(any::<u8>(), 0..600), |bytes| {
+        let _ = decode(&bytes);
+    });
+}
+
+// ------------------------------------------------------------- HTTP streams
+
+const CONN: ConnId = ConnId {
+    pid: 4242,
+    fd: 9,
+    sock_ino: 77,
+};
+
+fn data(direction: Direction, ts: u64, payload: &[u8], len: usize) -> Event {
+    Event::Data(DataEvent {
+        conn: CONN,
+        tid: 4243,
+        comm: "python3".into(),
+        ts_enter: ts,
+        ts_exit: ts + 1,
+        direction,
+        call: match direction {
+            Direction::Ingress => IoCall::Read,
+            Direction::Egress => IoCall::Write,
+        },
+        len: u32::try_from(len).unwrap_or(u32::MAX),
+        payload: payload.to_vec(),
+        addrs: None,
+        tcp: None,
+    })
+}
+
+fn conn_event(ts: u64) -> ConnEvent {
+    ConnEvent {
+        conn: CONN,
+        tid: 4243,
+        comm: "python3".into(),
+        ts,
+        addrs: None,
+    }
+}
+
+/// One exchange (or several, keep-alive) on one connection: the request,
+/// then the response split at `splits`; writes longer than `cap` are
+/// captured to `cap` bytes only (their true length recorded).
+fn stitch_exchange(
+    request: &[u8],
+    response: &[u8],
+    splits: &[usize],
+    cap: usize,
+    repeat: usize,
+) -> Vec<RequestTimeline> {
+    let mut st = Stitcher::new(StitchConfig {
+        max_buffered_bytes: 16 << 10,
+        max_connections: 16,
+    });
+    let mut out = Vec::new();
+    let mut ts = 1;
+    st.push(&Event::Accept(conn_event(ts)), &mut out);
+    for _ in 0..repeat {
+        ts += 10;
+        st.push(
+            &data(Direction::Ingress, ts, request, request.len()),
+            &mut out,
+        );
+        let mut rest = response;
+        let mut i = 0;
+        while !rest.is_empty() {
+            let n = splits
+                .get(i)
+                .copied()
+                .unwrap_or(rest.len())
+                .clamp(1, rest.len());
+            let (piece, tail) = rest.split_at(n);
+            ts += 10;
+            let captured = &piece[..piece.len().min(cap)];
+            st.push(
+                &data(Direction::Egress, ts, captured, piece.len()),
+                &mut out,
+            );
+            rest = tail;
+            i += 1;
+        }
+    }
+    st.push(&Event::Close(conn_event(ts + 10)), &mut out);
+    st.finish(ts + 20, &mut out);
+    out
+}
+
+#[test]
+fn fuzz_http_chunked_sse_json_streams() {
+    let responses = seeds::responses();
+    let request = seeds::request();
+    // unmutated and whole, each seed is one finished exchange
+    for (i, r) in responses.iter().enumerate() {
+        let out = stitch_exchange(&request, r, &[], usize::MAX, 1);
+        assert!(
+            out.iter().any(|t| t.status.is_some()),
+            "seed {i} does not stitch: {out:#?}"
+        );
+    }
+    let strategy = (
+        0..responses.len(),
+        mutations(12),
+        mutations(4),
+        vec(1usize..300, 0..40),
+        prop_oneof![Just(usize::MAX), 16usize..512],
+        1usize..3,
+    );
+    fuzz(
+        "http_streams",
+        256,
+        strategy,
+        |(which, response_muts, request_muts, splits, cap, repeat)| {
+            let mut response = responses[which].clone();
+            mutate_bytes(&mut response, &response_muts);
+            let mut req = request.clone();
+            mutate_bytes(&mut req, &request_muts);
+            for t in stitch_exchange(&req, &response, &splits, cap, repeat) {
+                // what comes out is self-consistent whatever went in
+                assert!(t.chunk_ts.windows(2).all(|w| w[0] <= w[1]), "{t:#?}");
+                assert_eq!(t.itl_ns().len(), t.chunk_ts.len().saturating_sub(1));
+            }
+        },
+    );
+}
+
+// ---------------------------------------------------- bounded memory per conn
+
+/// Byte streams that never finish what they start, fed for megabytes: a
+/// request head without its blank line, an SSE event without its end, a
+/// chunk that announces more than ever comes, tiny pipelined requests
+/// without responses, a response body prefix that never ends.
+fn endless(kind: u8, piece: usize, i: usize) -> (Direction, Vec<u8>) {
+    let filler = |c: u8| vec![c; piece];
+    match kind % 5 {
+        0 => (
+            Direction::Ingress,
+            if i == 0 {
+                b"POST /v1/chat/completions HTTP/1.1\r\nX-Long: ".to_vec()
+            } else {
+                filler(b'a')
+            },
+        ),
+        1 => (
+            Direction::Egress,
+            if i == 0 {
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\ndata: {\"id\":\""
+                    .to_vec()
+            } else {
+                filler(b'x')
+            },
+        ),
+        2 => (
+            Direction::Egress,
+            if i == 0 {
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffff\r\n".to_vec()
+            } else {
+                filler(b'y')
+            },
+        ),
+        3 => (
+            Direction::Ingress,
+            b"GET / HTTP/1.1\r\n\r\n".repeat(piece / 18 + 1),
+        ),
+        _ => (
+            Direction::Egress,
+            if i == 0 {
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{\"id\":\"".to_vec()
+            } else {
+                filler(b'z')
+            },
+        ),
+    }
+}
+
+const LIMIT: usize = 32 << 10;
+
+/// Feeds one connection `fed` bytes of the never-ending stream `kind` in
+/// `piece`-byte writes; returns the heap bytes it held at most beyond what
+/// it held after the first eight pieces (the set-up).
+fn endless_growth(kind: u8, piece: usize, fed_total: usize) -> usize {
+    let config = StitchConfig {
+        max_buffered_bytes: LIMIT,
+        max_connections: 4,
+    };
+    let mut st = Stitcher::new(config);
+    let mut out = Vec::new();
+    st.push(&Event::Accept(conn_event(1)), &mut out);
+    if kind % 5 == 1 || kind % 5 == 2 || kind % 5 == 4 {
+        let req = seeds::request();
+        st.push(&data(Direction::Ingress, 2, &req, req.len()), &mut out);
+    }
+    let mut i = 0;
+    let mut ts = 10;
+    while i < 8 {
+        let (dir, bytes) = endless(kind, piece, i);
+        st.push(&data(dir, ts, &bytes, bytes.len()), &mut out);
+        ts += 1;
+        i += 1;
+    }
+    out.clear();
+    let mut fed = 0;
+    let ((), grew) = peak_growth(|| {
+        while fed < fed_total {
+            let (dir, bytes) = endless(kind, piece, i);
+            fed += bytes.len();
+            st.push(&data(dir, ts, &bytes, bytes.len()), &mut out);
+            ts += 1;
+            i += 1;
+            out.clear();
+        }
+    });
+    grew
+}
+
+#[test]
+fn fuzz_one_connection_fed_endlessly_stays_within_its_buffer_limit() {
+    const FED: usize = 512 << 10;
+    let strategy = (0u8..5, 64usize..8192);
+    fuzz("bounded_memory", 10, strategy, |(kind, piece)| {
+        let once = endless_growth(kind, piece, FED);
+        let four_times = endless_growth(kind, piece, 4 * FED);
+        // Flat: what a connection holds does not grow with what it is fed,
+        // except — the design keeps every emit time of the request in
+        // flight — 8 bytes per chunk (16 with the Vec's doubling). A body
+        // delimited by the close (kind 4) counts each write as a chunk, so
+        // there that term grows with the writes (found by this target; see
+        // `regression_a_close_delimited_body_keeps_8_bytes_per_write`).
+        let more_writes = 3 * FED / piece + 1;
+        let per_chunk = if kind % 5 == 4 { 16 * more_writes } else { 0 };
+        assert!(
+            four_times <= once + per_chunk + 4096,
+            "kind {kind}, {piece}-byte pieces: held {once} bytes after {FED}, {four_times} after 4x"
+        );
+        // and small: the head/event limit, a body prefix as large, and the
+        // queue of pipelined requests (at most MAX_IN_FLIGHT heads)
+        assert!(
+            once <= 4 * LIMIT + (32 << 10),
+            "kind {kind}, {piece}-byte pieces: {once} bytes held (limit {LIMIT})"
+        );
+    });
+}
+
+// --------------------------------------------------------------- regressions
+
+/// Found by `fuzz_raw_records_decode_and_stitch` (xtask fuzz, case 8505): a
+/// CUDA sync record whose launch counters add past u64::MAX (a bit flipped
+/// in the kernel-written counts) overflowed in the explainer (a panic in
+/// debug builds, a wrapped count in release). Also the summary and the
+/// session core, which add the same two counters.
+#[test]
+fn regression_cuda_launch_counters_that_overflow_when_added() {
+    use crate::event::{CudaSyncCall, CudaSyncEvent};
+    use crate::output::RunSummary;
+    let sync = Event::CudaSync(CudaSyncEvent {
+        pid: 1,
+        tid: 1,
+        ts_enter: 10,
+        ts_exit: u64::MAX,
+        call: CudaSyncCall::StreamSynchronize,
+        handle: 0,
+        kernel_launches: u64::MAX,
+        graph_launches: 7,
+        memcpy_bytes: 0,
+    });
+    let mut pipeline = Pipeline::new(StitchConfig::default(), 30_000_000, 120_000_000_000);
+    let mut out = Vec::new();
+    pipeline.push(&sync, &mut out);
+    pipeline.push(&sync, &mut out);
+    let mut summary = RunSummary::default();
+    summary.observe(&sync);
+    summary.observe(&sync);
+    let counts = summary.inference();
+    assert_eq!(counts.cuda_kernel_launches, u64::MAX);
+    assert_eq!(counts.cuda_sync_wait_ns, u64::MAX);
+}
+
+/// Found by `fuzz_one_connection_fed_endlessly_stays_within_its_buffer_limit`
+/// (xtask fuzz, kind 4): a response delimited by the connection's close
+/// counts every write as a chunk and keeps its emit time, so a response
+/// that never ends grows by 8 bytes per write (1.1 MB after 8 MiB in
+/// 100-byte writes) — bounded only by the request's length. The same holds
+/// for every chunk of a long SSE stream: the design keeps every emit time.
+/// Pinned here so a cap, if one is added (stitch), shows up as a change.
+#[test]
+fn regression_a_close_delimited_body_keeps_8_bytes_per_write() {
+    let small = endless_growth(4, 100, 1 << 20);
+    let large = endless_growth(4, 100, 8 << 20);
+    let writes = ((8 << 20) - (1 << 20)) / 100;
+    let per_write = (large - small) as f64 / writes as f64;
+    assert!(
+        (4.0..=16.0).contains(&per_write),
+        "{per_write:.1} bytes per write ({small} -> {large})"
+    );
+    // every other never-ending stream stays flat
+    for kind in 0..4 {
+        assert_eq!(
+            endless_growth(kind, 100, 1 << 20),
+            endless_growth(kind, 100, 4 << 20),
+            "kind {kind} grows with what it is fed"
+        );
+    }
+}
