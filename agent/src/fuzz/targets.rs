@@ -160,6 +160,7 @@ fn data(direction: Direction, ts: u64, payload: &[u8], len: usize) -> Event {
         payload: payload.to_vec(),
         addrs: None,
         tcp: None,
+        ingress: None,
     })
 }
 
@@ -170,6 +171,7 @@ fn conn_event(ts: u64) -> ConnEvent {
         comm: "python3".into(),
         ts,
         addrs: None,
+        established: None,
     }
 }
 
@@ -186,6 +188,7 @@ fn stitch_exchange(
     let mut st = Stitcher::new(StitchConfig {
         max_buffered_bytes: 16 << 10,
         max_connections: 16,
+        ..StitchConfig::default()
     });
     let mut out = Vec::new();
     let mut ts = 1;
@@ -316,6 +319,7 @@ fn endless_growth(kind: u8, piece: usize, fed_total: usize) -> usize {
     let config = StitchConfig {
         max_buffered_bytes: LIMIT,
         max_connections: 4,
+        ..StitchConfig::default()
     };
     let mut st = Stitcher::new(config);
     let mut out = Vec::new();

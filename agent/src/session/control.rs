@@ -414,7 +414,7 @@ mod tests {
 
     fn hub(dir: &std::path::Path) -> SessionHub {
         SessionHub::new(HubSettings {
-            stitch: StitchConfig::default(),
+            stitch: crate::stitch::StitchConfig::default(),
             idle_timeout: Duration::from_secs(300),
             explain: crate::config::ExplainConfig::default(),
             sessions_dir: dir.to_path_buf(),
