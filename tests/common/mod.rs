@@ -932,14 +932,15 @@ impl Tolerance {
     /// (ebpf_plaintext, ebpf_tls): up to 2 of 23-28 requests per scenario
     /// off both ways (a Python server preempted between its read and its
     /// handler's stamp, or its stamp and its write, while the client also
-    /// waited), and up to 2 of 364 chunks (0.5 %). Hence fractions, not every
-    /// request, with room over what was measured: 20 % and 3 %.
+    /// waited), and up to 2 of 364 chunks (0.5 %); with a fuzz run busy on
+    /// the other core as well, 3 of 23 requests (13 %). Hence fractions,
+    /// not every request, with room over what was measured: 25 % and 3 %.
     pub fn light() -> Self {
         Tolerance {
             slack_ms: 0.01,
             ttft_abs_ms: 2.0,
-            // 4-5 of 20-28 requests may be outliers
-            agree_fraction: 0.8,
+            // 5-7 of 20-28 requests may be outliers
+            agree_fraction: 0.75,
             ttft_p50_ms: 1.0,
             chunk_close_ms: 5.0,
             chunk_agree_fraction: 0.97,
