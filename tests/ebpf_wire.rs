@@ -638,66 +638,6 @@ fn server_closing_unanswered_is_server_closed() {
     assert_eq!(a.get("status"), Some(&Value::Null), "{a}");
 }
 
-/// A client that sends its request and leaves before the (slow) server has
-/// accepted the connection: the FIN arrives while nobody owns the socket,
-/// is kept, and reported at the accept; the server then reads the request
-/// and closes unanswered — the client, not the server, ended it.
-#[test]
-fn a_client_gone_before_accept_is_client_closed() {
-    require_root("a_client_gone_before_accept_is_client_closed");
-    let server = WireServer::start(&[]);
-    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
-    // Keeps the one-connection-at-a-time server busy for ~300 ms.
-    let port = server.port;
-    let busy = thread::spawn(move || {
-        run_wire_client(
-            port,
-            &[
-                "--connections",
-                "1",
-                "--tokens",
-                "30",
-                "--delay-ms",
-                "10",
-                "--rid-prefix",
-                "busy-",
-            ],
-        )
-    });
-    thread::sleep(Duration::from_millis(50));
-    run_wire_client(
-        server.port,
-        &[
-            "--connections",
-            "1",
-            "--path",
-            "/close-unanswered",
-            "--close-after-send",
-            "--rid-prefix",
-            "left-",
-        ],
-    );
-    busy.join().expect("busy client");
-    server.records(2);
-    let lines = agent_by_rid(&mut agent, &["left-0".to_string()]);
-    let stop = agent.stop();
-    check_agent_exit_quiet(stop);
-    let a = lines
-        .get("left-0")
-        .unwrap_or_else(|| panic!("not reported: {:?}", agent.values()));
-    assert_eq!(
-        str_field(a, "abort_reason").as_deref(),
-        Some("client_closed"),
-        "{a}"
-    );
-    // It waited behind the busy stream: its FIN came long before the accept.
-    let aw = ms_field(a, "accept_wait_ms").unwrap_or_else(|| panic!("no accept_wait_ms: {a}"));
-    assert!(
-        aw > 100.0,
-        "accept_wait {aw:.3} ms: the server was not busy: {a}"
-    );
-}
-
 /// The agent starts while streams are in flight: those are skipped and
 /// counted (their request was never seen); requests that start afterwards
 /// are reported with their wire arrival.

@@ -62,9 +62,7 @@ struct sock_state {
 	__u32 tgid;
 	__u64 sock_ino;
 	__s32 fd;
-	/* The peer closed (enum tt_peer_close) before any traced process
-	 * owned the socket (still in the accept queue): reported at accept. */
-	__u32 pending_close;
+	__u32 _pad;
 	/* Nagle hold (see note_unsent); hold_write_ts = 0: none. */
 	__u64 hold_write_ts;
 	__u32 hold_tid;
@@ -265,15 +263,12 @@ static __always_inline void release_hold(struct sock_state *st, __u64 now)
 }
 
 /* The peer ended the connection: reported for the owner (softirq context:
- * the current task is anyone). For a connection no traced process owns yet
- * (not accepted) it is kept and reported when the accept returns it. */
+ * the current task is anyone). Connections no traced process touched yet
+ * are not reported; their accept will find them closed. */
 static __always_inline void peer_closed(struct sock_state *st, struct sock *sk, __u32 reason)
 {
-	if (!st->tgid) {
-		if (!st->pending_close)
-			st->pending_close = reason;
+	if (!st->tgid)
 		return;
-	}
 	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
