@@ -16,7 +16,7 @@ pub type MonoNs = u64;
 /// connection on a reused fd apart from the old one. A TLS connection seen
 /// through OpenSSL has no fd of its own ([`ConnId::TLS_FD`]) and is keyed by
 /// its `SSL*` in `sock_ino`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConnId {
     pub pid: u32,
     pub fd: i32,

@@ -55,6 +55,7 @@ fn timeline(emits: &[u64]) -> RequestTimeline {
         truncated_writes: 0,
         tls: false,
         stalls: Vec::new(),
+        ..RequestTimeline::default()
     }
 }
 

@@ -292,6 +292,7 @@ mod tests {
             model: Some("m".into()),
             status: Some(200),
             error: None,
+            rpc: None,
             overflow: false,
         };
         let mut h = crate::export::metrics::Histogram::new(Latency::TimeToFirstToken.bounds());

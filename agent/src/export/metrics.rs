@@ -122,6 +122,8 @@ pub struct SeriesKey {
     pub model: Option<String>,
     pub status: Option<u16>,
     pub error: Option<String>,
+    /// gRPC: (service, method) of the call.
+    pub rpc: Option<(String, String)>,
     /// The overflow series of an over-limit histogram.
     pub overflow: bool,
 }
@@ -134,6 +136,7 @@ impl SeriesKey {
             model: None,
             status: None,
             error: None,
+            rpc: None,
             overflow: true,
         }
     }
@@ -153,6 +156,11 @@ impl SeriesKey {
         }
         if let Some(error) = &self.error {
             a.push(("error.type", error.clone()));
+        }
+        if let Some((service, method)) = &self.rpc {
+            a.push(("rpc.system", "grpc".to_string()));
+            a.push(("rpc.service", service.clone()));
+            a.push(("rpc.method", method.clone()));
         }
         if self.overflow {
             a.push(("otel.metric.overflow", "true".to_string()));
@@ -290,6 +298,9 @@ impl Metrics {
             model: t.model.clone(),
             status: t.status,
             error: error_type(t),
+            rpc: t
+                .rpc_service_method()
+                .map(|(s, m)| (s.to_string(), m.to_string())),
             overflow: false,
         };
         self.requests += 1;
@@ -576,6 +587,7 @@ pub(crate) mod tests {
             model: Some(model.into()),
             status: Some(200),
             error: None,
+            rpc: None,
             overflow: false,
         };
         for model in ["a", "b", "c", "d", "a"] {

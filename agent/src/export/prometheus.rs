@@ -221,6 +221,7 @@ mod tests {
             model: Some("m1".into()),
             status: Some(200),
             error: None,
+            rpc: None,
             overflow: false,
         };
         let mut h = crate::export::metrics::Histogram::new(&[0.01, 0.1]);
@@ -278,6 +279,7 @@ mod tests {
             model: Some("m".into()),
             status: Some(500),
             error: Some("500".into()),
+            rpc: None,
             overflow: false,
         };
         for which in Latency::ALL {

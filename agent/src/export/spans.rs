@@ -32,7 +32,7 @@ use super::context::{IdGenerator, RemoteParent};
 use super::resource::{kv_bool, kv_f64, kv_int, kv_str, kv_str_array};
 use crate::event::MonoNs;
 use crate::output::{ms, JsonTimeline};
-use crate::stitch::RequestTimeline;
+use crate::stitch::{Protocol, RequestTimeline};
 
 /// `SpanFlags`: the span's flags say whether its parent is remote.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;
@@ -107,6 +107,11 @@ pub fn error_type(t: &RequestTimeline) -> Option<String> {
                 .and_then(|r| snake(&r))
                 .unwrap_or_else(|| "aborted".into()),
         );
+    }
+    // gRPC server errors (semantic conventions: UNKNOWN, DEADLINE_EXCEEDED,
+    // UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS).
+    if let Some(code) = t.grpc_status.filter(|c| [2, 4, 12, 13, 14, 15].contains(c)) {
+        return Some(code.to_string());
     }
     t.status.filter(|s| *s >= 500).map(|s| s.to_string())
 }
@@ -267,9 +272,35 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
         kv_str("http.request.method", t.method.clone()),
         kv_str("url.path", route),
         kv_str("network.protocol.name", "http"),
-        kv_str("network.protocol.version", "1.1"),
+        kv_str(
+            "network.protocol.version",
+            if t.protocol == Protocol::Http11 {
+                "1.1"
+            } else {
+                "2"
+            },
+        ),
         kv_str("network.transport", "tcp"),
+        kv_str("protocol", t.protocol.as_str()),
     ];
+    if let Some(id) = t.stream_id {
+        a.push(kv_int("tokentrace.h2.stream_id", i64::from(id)));
+    }
+    if let (Some(service), Some(method)) = (j.rpc_service, j.rpc_method) {
+        a.push(kv_str("rpc.system", "grpc"));
+        a.push(kv_str("rpc.service", service));
+        a.push(kv_str("rpc.method", method));
+    }
+    if let Some(status) = t.grpc_status {
+        a.push(kv_int("grpc.status", i64::from(status)));
+        a.push(kv_int("rpc.grpc.status_code", i64::from(status)));
+    }
+    if let Some(v) = j.flow_control_ms {
+        a.push(kv_f64("tokentrace.flow_control_ms", v));
+    }
+    if t.chunks_inexact {
+        a.push(kv_bool("tokentrace.chunks_exact", false));
+    }
     if let Some(status) = t.status {
         a.push(kv_int("http.response.status_code", i64::from(status)));
     }

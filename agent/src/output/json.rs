@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use super::{ms, percentile};
-use crate::stitch::{AbortReason, BodyKind, RequestTimeline, Usage};
+use crate::stitch::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
 
 #[derive(Debug, Serialize)]
 pub struct JsonTimeline<'a> {
@@ -62,6 +62,24 @@ pub struct JsonTimeline<'a> {
     pub response_bytes: u64,
     pub truncated_writes: u32,
     pub tls: bool,
+    /// `http/1.1`, `h2` or `grpc`.
+    pub protocol: Protocol,
+    /// HTTP/2 stream id.
+    pub stream_id: Option<u32>,
+    /// gRPC: `grpc-status` of the trailers.
+    pub grpc_status: Option<u32>,
+    /// gRPC: length of `grpc-message` (never its text).
+    pub grpc_message_bytes: Option<u64>,
+    /// gRPC: `grpc`, with the service and method of the path.
+    pub rpc_system: Option<&'static str>,
+    pub rpc_service: Option<&'a str>,
+    pub rpc_method: Option<&'a str>,
+    /// False when uncaptured bytes hid a frame header or a gRPC message
+    /// prefix: `chunks` is then a lower bound.
+    pub chunks_exact: bool,
+    /// HTTP/2: time this stream's writes waited for the client's
+    /// WINDOW_UPDATE; null for HTTP/1.1.
+    pub flow_control_ms: Option<f64>,
     /// Late chunks with their cause breakdown (see `explain::Stall`).
     pub stalls: &'a [crate::explain::Stall],
 }
@@ -74,6 +92,7 @@ impl<'a> JsonTimeline<'a> {
         let ttft = t.ttft_ns();
         let e2e = t.e2e_ns();
         let chunks = t.chunk_ts.len();
+        let rpc = t.rpc_service_method();
         let tpot = match (ttft, chunks) {
             (Some(ttft), n) if n >= 2 => Some(ms(e2e.saturating_sub(ttft) / (n as u64 - 1))),
             _ => None,
@@ -117,6 +136,15 @@ impl<'a> JsonTimeline<'a> {
             response_bytes: t.response_bytes,
             truncated_writes: t.truncated_writes,
             tls: t.tls,
+            protocol: t.protocol,
+            stream_id: t.stream_id,
+            grpc_status: t.grpc_status,
+            grpc_message_bytes: t.grpc_message_bytes,
+            rpc_system: rpc.map(|_| "grpc"),
+            rpc_service: rpc.map(|(s, _)| s),
+            rpc_method: rpc.map(|(_, m)| m),
+            chunks_exact: !t.chunks_inexact,
+            flow_control_ms: t.flow_control_ns().map(ms),
             stalls: &t.stalls,
         }
     }

@@ -265,7 +265,19 @@ impl fmt::Display for RunSummary {
             "\n  ingress: {} streams already in flight when tracing began (skipped), \
              {} requests that arrived before their socket was tracked (timed from the read)",
             self.stitch.streams_in_flight_at_start, self.stitch.requests_without_ingress
-        )
+        )?;
+        if self.stitch.h2_connections > 0 {
+            write!(
+                f,
+                "\n  http/2: {} connections, {} HPACK references to entries from before tracing \
+                 (labels unknown), {} header blocks lost, {} requests with inexact chunk counts",
+                self.stitch.h2_connections,
+                self.stitch.hpack_unknown_indexes,
+                self.stitch.hpack_lost_blocks,
+                self.stitch.chunks_inexact
+            )?;
+        }
+        Ok(())
     }
 }
 

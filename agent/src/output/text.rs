@@ -2,7 +2,7 @@
 
 use super::{ms, percentile};
 use crate::explain::Stall;
-use crate::stitch::RequestTimeline;
+use crate::stitch::{Protocol, RequestTimeline};
 
 fn fmt_ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".to_string(), |ns| format!("{:.1}ms", ms(ns)))
@@ -45,6 +45,10 @@ pub fn text_line(t: &RequestTimeline) -> String {
             .unwrap_or_default(),
         None => "-".to_string(),
     };
+    let kind = match t.protocol {
+        Protocol::H2 => format!("h2/{kind}"),
+        Protocol::Http11 | Protocol::Grpc => kind,
+    };
     let mut line = format!(
         "{}[{}] {} {} {} {} ttft={} itl p50={} p95={} max={} chunks={} e2e={}",
         t.comm,
@@ -62,6 +66,15 @@ pub fn text_line(t: &RequestTimeline) -> String {
     );
     if let Some(wait) = t.socket_wait_ns() {
         line.push_str(&format!(" socket_wait={}", fmt_ms(Some(wait))));
+    }
+    if let Some(status) = t.grpc_status {
+        line.push_str(&format!(" grpc_status={status}"));
+    }
+    if let Some(wait) = t.flow_control_ns().filter(|&w| w > 0) {
+        line.push_str(&format!(" flow_control={}", fmt_ms(Some(wait))));
+    }
+    if t.chunks_inexact {
+        line.push_str(" chunks_inexact");
     }
     if let Some(id) = t.request_id() {
         line.push_str(&format!(" request_id={id}"));
@@ -150,6 +163,7 @@ mod tests {
             truncated_writes: 0,
             tls: false,
             stalls: vec![stall(1, 55.0, 50.0, 5.0), stall(2, 45.0, 0.0, 40.0)],
+            ..RequestTimeline::default()
         };
         let line = text_line(&t);
         assert!(

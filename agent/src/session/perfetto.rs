@@ -90,10 +90,7 @@ fn request_events(index: usize, t: &RequestTimeline, clock: &Clock, out: &mut Ve
         tid,
         json!({"sort_index": index}),
     ));
-    let first = match t.body_kind {
-        Some(crate::stitch::BodyKind::Sse) => t.chunk_ts.first().copied(),
-        _ => t.first_body_byte,
-    };
+    let first = t.ttft_ns().map(|ttft| t.request_start + ttft);
     let mut args = json!({
         "pid": t.conn.pid,
         "fd": t.conn.fd,

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::event::{ConnEvent, ConnId, DataEvent, Direction, MonoNs, PeerClose, SockAddrs};
 
 use super::exchange::{Exchanges, Setup};
+use super::h2::{self, H2Conn};
 use super::http;
 use super::input::Io;
 use super::request::RequestReader;
@@ -20,13 +21,14 @@ use super::timeline::{AbortReason, RequestTimeline};
 enum Role {
     /// No bytes yet.
     Undecided,
-    /// It reads requests and writes responses: what we trace.
+    /// It reads requests and writes responses: what we trace (HTTP/1.1,
+    /// or HTTP/2 once `h2` is set).
     Server,
     /// Its first bytes out were a request: it is calling another service.
     /// Ignored until close.
     Client,
-    /// It switched protocols (`101`): no longer HTTP/1.1. Ignored until
-    /// close.
+    /// It switched protocols (`101`) to something other than HTTP/2
+    /// (WebSocket): no longer HTTP. Ignored until close.
     Upgraded,
     /// TLS records on the socket: the plaintext comes from the OpenSSL
     /// probes as its own connection. Ignored until close, so it is neither
@@ -55,6 +57,10 @@ pub(crate) struct Connection {
     requests: RequestReader,
     responses: ResponseReader,
     exchanges: Exchanges,
+    /// Set once the connection is known to speak HTTP/2: from then on it
+    /// parses every byte, and the HTTP/1.1 readers are unused.
+    h2: Option<Box<H2Conn>>,
+    limits: Limits,
 }
 
 /// What the kernel said about the client's side of the connection.
@@ -124,6 +130,8 @@ impl Connection {
             requests: RequestReader::new(limits.cap, Arc::clone(&limits.id_headers)),
             responses: ResponseReader::new(limits.cap),
             exchanges: Exchanges::default(),
+            h2: None,
+            limits: limits.clone(),
         }
     }
 
@@ -158,18 +166,23 @@ impl Connection {
             return;
         }
         if self.role == Role::Undecided {
-            self.role = if http::begins_with_tls_record(io.known) {
-                sink.ciphertext_connection();
-                Role::Ciphertext
-            } else if ev.direction == Direction::Egress && http::begins_with_request_line(io.known)
-            {
-                sink.client_connection();
-                Role::Client
-            } else {
-                Role::Server
-            };
+            self.role = self.decide_role(ev.direction, &io, sink);
         }
         if self.role != Role::Server {
+            return;
+        }
+        if self.h2.is_none()
+            && self.adopted
+            && self.exchanges.opened() == 0
+            && h2::looks_like_frames(io.known, io.is_truncated())
+        {
+            // A connection that predates tracing, caught between frames.
+            sink.h2_connection();
+            let limits = (self.limits.cap, Arc::clone(&self.limits.id_headers));
+            self.h2 = Some(Box::new(H2Conn::midstream(self.id, limits.0, limits.1)));
+        }
+        if self.h2.is_some() {
+            self.on_h2_data(ev.direction, &io, sink);
             return;
         }
         if self.adopted
@@ -181,6 +194,7 @@ impl Connection {
             sink.stream_in_flight_at_start();
         }
         let mut finished = Vec::new();
+        let mut switched_to_h2 = None;
         let result = match ev.direction {
             Direction::Ingress => self.requests.on_read(&io, self.id, &mut self.exchanges),
             Direction::Egress => {
@@ -189,10 +203,10 @@ impl Connection {
                 }
                 self.responses
                     .on_write(&io, self.id, &mut self.exchanges, &mut finished)
-                    .map(|outcome| {
-                        if outcome == WriteOutcome::Upgraded {
-                            self.role = Role::Upgraded;
-                        }
+                    .map(|outcome| match outcome {
+                        WriteOutcome::Http => {}
+                        WriteOutcome::Upgraded => self.role = Role::Upgraded,
+                        WriteOutcome::UpgradedH2c { rest } => switched_to_h2 = Some(rest),
                     })
             }
         };
@@ -205,6 +219,69 @@ impl Connection {
             } else {
                 sink.parse_error(&err);
             }
+        }
+        if let Some(rest) = switched_to_h2 {
+            self.upgrade_to_h2(sink);
+            self.on_h2_data(ev.direction, &io.tail(rest), sink);
+        }
+    }
+
+    /// What the first bytes on a connection say the traced process is.
+    fn decide_role(&mut self, direction: Direction, io: &Io<'_>, sink: &mut Sink<'_>) -> Role {
+        let known = io.known;
+        if http::begins_with_tls_record(known) {
+            sink.ciphertext_connection();
+            return Role::Ciphertext;
+        }
+        if direction == Direction::Egress
+            && (http::begins_with_request_line(known) || h2::begins_with_preface(known))
+        {
+            sink.client_connection();
+            return Role::Client;
+        }
+        if direction == Direction::Ingress && h2::begins_with_preface(known) {
+            sink.h2_connection();
+            let setup = self.exchanges.setup;
+            let ids = Arc::clone(&self.limits.id_headers);
+            self.h2 = Some(Box::new(H2Conn::with_preface(
+                self.id,
+                setup,
+                self.limits.cap,
+                ids,
+            )));
+        }
+        Role::Server
+    }
+
+    /// `101` + `Upgrade: h2c` was written: the request at the front of the
+    /// queue becomes stream 1 of the HTTP/2 connection that follows; any
+    /// other queued request cannot be answered any more.
+    fn upgrade_to_h2(&mut self, sink: &mut Sink<'_>) {
+        sink.h2_connection();
+        let Some(request) = self.exchanges.pop_front() else {
+            return;
+        };
+        let ids = Arc::clone(&self.limits.id_headers);
+        self.h2 = Some(Box::new(H2Conn::upgraded(
+            self.id,
+            request,
+            self.limits.cap,
+            ids,
+        )));
+    }
+
+    fn on_h2_data(&mut self, direction: Direction, io: &Io<'_>, sink: &mut Sink<'_>) {
+        let Some(h2) = self.h2.as_mut() else { return };
+        if direction == Direction::Egress && io.is_truncated() {
+            sink.truncated_write();
+        }
+        let mut finished = Vec::new();
+        let result = h2.on_io(direction, io, sink, &mut finished);
+        for timeline in finished {
+            self.emit(timeline, sink);
+        }
+        if let Err(err) = result {
+            sink.parse_error(&err);
         }
     }
 
@@ -231,6 +308,11 @@ impl Connection {
 
     /// Reports every request in flight as aborted at `end`.
     pub(crate) fn abort(mut self, end: MonoNs, reason: AbortReason, sink: &mut Sink<'_>) {
+        if let Some(h2) = self.h2.as_mut() {
+            for timeline in h2.drain(end, reason) {
+                self.emit(timeline, sink);
+            }
+        }
         self.responses.settle(&mut self.exchanges);
         let in_flight: Vec<_> = self.exchanges.drain().collect();
         for ex in in_flight {

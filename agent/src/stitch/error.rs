@@ -12,6 +12,7 @@ use thiserror::Error;
 use crate::event::ConnId;
 
 use super::chunked::ChunkedError;
+use super::h2::FrameError;
 use super::http::{CollectError, HeadError};
 
 /// Which half of an exchange an error is about.
@@ -56,6 +57,10 @@ pub enum StitchError {
     TooManyInFlight { conn: ConnId, limit: usize },
     #[error("HTTP response on {conn} with no request pending")]
     UnexpectedResponse { conn: ConnId },
+    #[error("malformed HTTP/2 frames on {conn}: {source}")]
+    Frames { conn: ConnId, source: FrameError },
+    #[error("more than {limit} HTTP/2 streams open on {conn}")]
+    TooManyStreams { conn: ConnId, limit: usize },
 }
 
 impl StitchError {

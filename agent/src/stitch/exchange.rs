@@ -22,9 +22,9 @@ pub(crate) struct RequestStart {
 }
 
 impl RequestStart {
-    /// The arrival time, falling back to the read. An ingress later than the
-    /// read cannot be (bytes are read after they arrive) and is ignored.
-    fn arrival(&self) -> Option<MonoNs> {
+    /// The arrival time, if known. An ingress later than the read cannot be
+    /// (bytes are read after they arrive) and is ignored.
+    pub(crate) fn arrival(&self) -> Option<MonoNs> {
         self.ingress.filter(|&t| t <= self.read)
     }
 }
@@ -87,44 +87,22 @@ impl Exchanges {
         } else {
             Setup::default()
         };
-        let arrival = start.arrival();
         self.queue.push_back(Exchange {
             seq,
             response_model: None,
             timeline: RequestTimeline {
                 conn,
-                comm: String::new(),
-                addrs: None,
                 method: head.method,
                 path: head.path,
                 traceparent: head.traceparent,
                 tracestate: head.tracestate,
-                model: None,
-                request_start: arrival.unwrap_or(start.read),
-                read_start: start.read,
-                ingress_known: arrival.is_some(),
                 accept_wait_ns: setup.accept_wait_ns,
                 tls_handshake_ns: setup.tls_handshake_ns,
                 request_headers: head.id_headers,
-                chunks_after_client_closed: 0,
                 request_end: ts,
                 request_bytes: head.len as u64,
-                status: None,
-                content_type: None,
-                body_kind: None,
-                response_start: None,
-                first_body_byte: None,
-                chunk_ts: Vec::new(),
                 end: ts,
-                response_bytes: 0,
-                done_seen: false,
-                aborted: false,
-                abort_reason: None,
-                response_id: None,
-                usage: None,
-                truncated_writes: 0,
-                tls: false,
-                stalls: Vec::new(),
+                ..RequestTimeline::started(start, ts)
             },
         });
         seq

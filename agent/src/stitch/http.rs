@@ -54,6 +54,8 @@ pub(crate) enum ResponseBody {
 pub(crate) struct ResponseHead {
     pub status: u16,
     pub content_type: Option<String>,
+    /// `Upgrade: h2c` (with a `101`): HTTP/2 follows on this connection.
+    pub upgrade_h2c: bool,
     pub body: ResponseBody,
     /// Bytes the head took in the buffer it was parsed from.
     pub len: usize,
@@ -156,6 +158,7 @@ pub(crate) fn parse_response(
     Ok(Some(ResponseHead {
         status,
         content_type: header(resp.headers, "content-type"),
+        upgrade_h2c: header(resp.headers, "upgrade").is_some_and(|u| u.eq_ignore_ascii_case("h2c")),
         body,
         len,
     }))

@@ -89,6 +89,21 @@ impl<'a> Io<'a> {
         self.known.is_empty() && self.unknown == 0
     }
 
+    /// The last `rest` bytes of this syscall (what follows a protocol
+    /// switch inside it).
+    pub(crate) fn tail(&self, rest: u64) -> Io<'a> {
+        let total = self.known.len() as u64 + self.unknown;
+        let skip = total.saturating_sub(rest);
+        let skip_known = usize::try_from(skip)
+            .unwrap_or(usize::MAX)
+            .min(self.known.len());
+        Io {
+            known: &self.known[skip_known..],
+            unknown: self.unknown.min(rest),
+            ..*self
+        }
+    }
+
     pub(crate) fn is_truncated(&self) -> bool {
         self.unknown > 0
     }

@@ -5,18 +5,21 @@
 //! time matters ([`Stitcher::expire_idle`], [`Stitcher::finish`]), so every
 //! behaviour is reproducible from a list of hand-built events.
 //!
-//! The first protocol is HTTP/1.1 with SSE, server side: a traced process
-//! reads requests and writes responses, and each response write is an emit
-//! time. See `design.md`, "Stitching rules".
+//! Server side, a traced process reads requests and writes responses, and
+//! each response write is an emit time: HTTP/1.1 (with chunked and SSE
+//! bodies) and HTTP/2 (streams, gRPC messages, SSE over HTTP/2). See
+//! `design.md`, "Stitching rules" and "HTTP/2 and gRPC".
 //!
-//! Layout: [`table`] finds connections, [`connection`] runs one,
-//! [`request`] and [`response`] parse its two directions with [`http`],
-//! [`chunked`], [`sse`] and [`json_fields`].
+//! Layout: [`table`] finds connections, [`connection`] runs one and tells
+//! the protocols apart; for HTTP/1.1 [`request`] and [`response`] parse its
+//! two directions with [`http`], [`chunked`], [`sse`] and [`json_fields`];
+//! an HTTP/2 connection is [`h2`]'s.
 
 mod chunked;
 mod connection;
 mod error;
 mod exchange;
+mod h2;
 mod http;
 mod input;
 mod json_fields;
@@ -38,8 +41,9 @@ use crate::event::{Event, MonoNs};
 
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
+pub use h2::FrameError;
 pub use http::HeadError;
-pub use timeline::{AbortReason, BodyKind, RequestTimeline, Usage};
+pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
 
 use sink::Sink;
 use table::Connections;
@@ -96,6 +100,19 @@ pub struct StitchStats {
     /// Requests whose first byte arrived before their socket was tracked:
     /// reported, with start = the server's read (no `socket_wait_ms`).
     pub requests_without_ingress: u64,
+    /// Connections recognised as HTTP/2 (preface, `h2c` upgrade, or frames
+    /// on a connection that predates tracing).
+    pub h2_connections: u64,
+    /// HPACK references to table entries the agent never saw (inserted
+    /// before tracing began): those labels are unknown; timing is not
+    /// affected.
+    pub hpack_unknown_indexes: u64,
+    /// HPACK header blocks that could not be decoded (bytes not captured,
+    /// or malformed); the decoder's table was reset.
+    pub hpack_lost_blocks: u64,
+    /// Requests whose chunk count is a lower bound (`chunks_exact: false`):
+    /// uncaptured bytes hid a frame header or a gRPC message prefix.
+    pub chunks_inexact: u64,
 }
 
 /// Turns the event stream of traced processes into [`RequestTimeline`]s.

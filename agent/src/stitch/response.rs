@@ -23,6 +23,12 @@ pub(crate) enum WriteOutcome {
     Http,
     /// `101 Switching Protocols`: what follows is not HTTP/1.1.
     Upgraded,
+    /// `101` with `Upgrade: h2c`: HTTP/2 follows, starting `rest` bytes
+    /// before the end of this write. The upgrading request, still at the
+    /// front of the queue, is its stream 1.
+    UpgradedH2c {
+        rest: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -56,9 +62,10 @@ enum Framing {
     UntilClose,
 }
 
-/// Turns body bytes into emit times and response fields.
+/// Turns body bytes into emit times and response fields (HTTP/2 streams
+/// use it too, for SSE and plain bodies).
 #[derive(Debug, Clone)]
-struct Content {
+pub(crate) struct Content {
     kind: BodyKind,
     /// SSE bodies: events are the chunks and carry the JSON.
     sse: Option<SseScanner>,
@@ -116,6 +123,15 @@ impl ResponseReader {
                 match self.step(&mut piece, io.ts, conn, exchanges, finished) {
                     Ok(WriteOutcome::Http) => {}
                     Ok(WriteOutcome::Upgraded) => return Ok(WriteOutcome::Upgraded),
+                    Ok(WriteOutcome::UpgradedH2c { .. }) => {
+                        let after = match piece {
+                            Bytes::Known(_) => io.unknown,
+                            Bytes::Unknown(_) => 0,
+                        };
+                        return Ok(WriteOutcome::UpgradedH2c {
+                            rest: piece.len() + after,
+                        });
+                    }
                     Err(e) => {
                         if self.settle(exchanges) {
                             if let Some(ex) = exchanges.pop_front() {
@@ -236,6 +252,10 @@ impl ResponseReader {
                 tl.body_kind = Some(kind);
                 tl.content_type = head.content_type.clone();
                 let framing = match head.body {
+                    ResponseBody::Empty if head.status == 101 && head.upgrade_h2c => {
+                        self.state = NEW_HEAD;
+                        return Ok(WriteOutcome::UpgradedH2c { rest: 0 });
+                    }
                     ResponseBody::Empty => {
                         complete_front(exchanges, ts, finished);
                         self.state = NEW_HEAD;
@@ -320,7 +340,7 @@ impl Body {
 }
 
 impl Content {
-    fn new(kind: BodyKind, cap: usize) -> Self {
+    pub(crate) fn new(kind: BodyKind, cap: usize) -> Self {
         let sse = kind == BodyKind::Sse;
         Self {
             kind,
@@ -331,7 +351,7 @@ impl Content {
     }
 
     /// De-framed body bytes written at `ts`.
-    fn on_bytes(&mut self, mut bytes: Bytes<'_>, ts: MonoNs, ex: &mut Exchange) {
+    pub(crate) fn on_bytes(&mut self, mut bytes: Bytes<'_>, ts: MonoNs, ex: &mut Exchange) {
         if bytes.is_empty() {
             return;
         }
@@ -368,7 +388,7 @@ impl Content {
     }
 
     /// Moves the fields of a non-SSE body into the exchange.
-    fn finish(&self, ex: &mut Exchange) {
+    pub(crate) fn finish(&self, ex: &mut Exchange) {
         if let Some(prefix) = &self.prefix {
             absorb(&mut ex.timeline, &mut ex.response_model, prefix.fields());
         }

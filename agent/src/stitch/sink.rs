@@ -28,6 +28,9 @@ impl<'a> Sink<'a> {
         if !timeline.ingress_known {
             self.stats.requests_without_ingress += 1;
         }
+        if timeline.chunks_inexact {
+            self.stats.chunks_inexact += 1;
+        }
         self.out.push(timeline);
     }
 
@@ -50,6 +53,18 @@ impl<'a> Sink<'a> {
 
     pub(crate) fn stream_in_flight_at_start(&mut self) {
         self.stats.streams_in_flight_at_start += 1;
+    }
+
+    pub(crate) fn h2_connection(&mut self) {
+        self.stats.h2_connections += 1;
+    }
+
+    pub(crate) fn hpack_unknown_indexes(&mut self, n: u32) {
+        self.stats.hpack_unknown_indexes += u64::from(n);
+    }
+
+    pub(crate) fn hpack_lost_block(&mut self) {
+        self.stats.hpack_lost_blocks += 1;
     }
 
     pub(crate) fn evicted_connection(&mut self) {

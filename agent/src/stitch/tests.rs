@@ -1425,6 +1425,7 @@ fn fuzz_mutated_http_never_panics_and_reports_each_request_once() {
 
 // ---- Request ingress, who closed, request ids: see tests/wire.rs ----
 
+mod h2;
 mod wire;
 
 // ---- TLS ----

@@ -4,6 +4,8 @@ use serde::Serialize;
 
 use crate::event::{ConnId, MonoNs, SockAddrs};
 
+use super::exchange::RequestStart;
+
 /// How the response body was framed, which decides what a "chunk" is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -18,6 +20,34 @@ pub enum BodyKind {
     UntilClose,
     /// No body (204, 304, HEAD, Content-Length: 0).
     Empty,
+    /// gRPC (HTTP/2, `application/grpc`): a chunk is one length-prefixed
+    /// message, emitted by the write that carried its last byte.
+    Grpc,
+}
+
+/// The protocol a request came over.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum Protocol {
+    #[default]
+    #[serde(rename = "http/1.1")]
+    Http11,
+    /// HTTP/2, not gRPC.
+    #[serde(rename = "h2")]
+    H2,
+    /// gRPC over HTTP/2 (request or response content-type
+    /// `application/grpc…`).
+    #[serde(rename = "grpc")]
+    Grpc,
+}
+
+impl Protocol {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Http11 => "http/1.1",
+            Protocol::H2 => "h2",
+            Protocol::Grpc => "grpc",
+        }
+    }
 }
 
 /// Why a request ended without a complete response.
@@ -44,7 +74,8 @@ pub enum AbortReason {
     AgentStopped,
     /// The connection went idle past the stitcher's limit mid-request.
     Idle,
-    /// Bytes on the connection could not be parsed as HTTP/1.1.
+    /// Bytes on the connection could not be parsed as HTTP/1.1 or HTTP/2
+    /// frames.
     ParseError,
 }
 
@@ -59,7 +90,7 @@ pub struct Usage {
 ///
 /// All times are kernel monotonic nanoseconds; conversion to wall-clock
 /// happens at export.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct RequestTimeline {
     pub conn: ConnId,
     /// Process name (the thread group leader's comm).
@@ -124,17 +155,46 @@ pub struct RequestTimeline {
     pub truncated_writes: u32,
     /// Seen as plaintext inside OpenSSL (SSL_read/SSL_write), not on a socket.
     pub tls: bool,
+    pub protocol: Protocol,
+    /// HTTP/2 stream id.
+    pub stream_id: Option<u32>,
+    /// gRPC: `grpc-status` of the trailers (or of a trailers-only response).
+    pub grpc_status: Option<u32>,
+    /// gRPC: length of `grpc-message` (its text never leaves the agent).
+    pub grpc_message_bytes: Option<u64>,
+    /// Uncaptured bytes hid a frame header or a message prefix: `chunk_ts`
+    /// holds fewer chunks than were sent.
+    pub chunks_inexact: bool,
+    /// HTTP/2: intervals in which this stream's writes waited for the
+    /// client's WINDOW_UPDATE (its send window, or the connection's, was
+    /// used up), in order.
+    pub flow_control_waits: Vec<(MonoNs, MonoNs)>,
     /// Late chunks and their causes; filled after stitching by the
     /// explainer (empty when nothing was late).
     pub stalls: Vec<crate::explain::Stall>,
 }
 
 impl RequestTimeline {
+    /// A request whose first byte was read at `start.read` (and reached the
+    /// host at `start.ingress`, if known); `ts` is the read that made it a
+    /// request (its head, or its HEADERS frame, complete).
+    pub(crate) fn started(start: RequestStart, ts: MonoNs) -> Self {
+        let arrival = start.arrival();
+        Self {
+            request_start: arrival.unwrap_or(start.read),
+            read_start: start.read,
+            ingress_known: arrival.is_some(),
+            request_end: ts,
+            end: ts,
+            ..Self::default()
+        }
+    }
+
     /// Streamed responses: SSE, chunked, or delimited by connection close.
     pub fn is_stream(&self) -> bool {
         matches!(
             self.body_kind,
-            Some(BodyKind::Sse | BodyKind::Chunked | BodyKind::UntilClose)
+            Some(BodyKind::Sse | BodyKind::Chunked | BodyKind::UntilClose | BodyKind::Grpc)
         )
     }
 
@@ -150,11 +210,41 @@ impl RequestTimeline {
         self.chunk_ts.push(ts);
     }
 
+    /// HTTP/2: total time the stream's writes waited for flow-control
+    /// window (overlapping stream and connection waits counted once);
+    /// `None` for HTTP/1.1.
+    pub fn flow_control_ns(&self) -> Option<u64> {
+        if self.protocol == Protocol::Http11 {
+            return None;
+        }
+        let mut waits = self.flow_control_waits.clone();
+        waits.sort_unstable();
+        let mut total = 0;
+        let mut covered_to = 0;
+        for (from, to) in waits {
+            let from = from.max(covered_to);
+            if to > from {
+                total += to - from;
+                covered_to = to;
+            }
+        }
+        Some(total)
+    }
+
+    /// gRPC: `(service, method)` from a `/package.Service/Method` path.
+    pub fn rpc_service_method(&self) -> Option<(&str, &str)> {
+        if self.protocol != Protocol::Grpc {
+            return None;
+        }
+        let (service, method) = self.path.strip_prefix('/')?.split_once('/')?;
+        (!service.is_empty() && !method.is_empty()).then_some((service, method))
+    }
+
     /// Time to first token: first chunk emit (first body byte for
     /// non-SSE responses) minus request start.
     pub fn ttft_ns(&self) -> Option<u64> {
         let first = match self.body_kind {
-            Some(BodyKind::Sse) => self.chunk_ts.first().copied(),
+            Some(BodyKind::Sse | BodyKind::Grpc) => self.chunk_ts.first().copied(),
             _ => self.first_body_byte,
         }?;
         Some(first.saturating_sub(self.request_start))

@@ -74,6 +74,7 @@ pub(crate) fn sse() -> RequestTimeline {
         truncated_writes: 0,
         tls: false,
         stalls: Vec::new(),
+        ..RequestTimeline::default()
     }
 }
 

@@ -1,0 +1,453 @@
+//! HTTP/2 and gRPC: streams multiplexed on one connection, gRPC messages,
+//! SSE over HTTP/2, resets, flow control, mid-connection attach, the
+//! `h2c` upgrade, and what uncaptured or malformed bytes do.
+
+use super::*;
+
+const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+const DATA: u8 = 0;
+const HEADERS: u8 = 1;
+const RST_STREAM: u8 = 3;
+const SETTINGS: u8 = 4;
+const GOAWAY: u8 = 7;
+const WINDOW_UPDATE: u8 = 8;
+const END_STREAM: u8 = 0x1;
+const END_HEADERS: u8 = 0x4;
+
+fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// HPACK: each header as a literal without indexing, new name, no Huffman
+/// (RFC 7541 §6.2.2) — what a decoder must always read, whatever its table.
+fn block(headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        out.push(0x00);
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+        out.push(value.len() as u8);
+        out.extend_from_slice(value.as_bytes());
+    }
+    out
+}
+
+fn grpc_message(body: &[u8]) -> Vec<u8> {
+    let mut m = vec![0];
+    m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+fn grpc_request(stream: u32, rid: &str) -> Vec<u8> {
+    let mut out = frame(
+        HEADERS,
+        END_HEADERS,
+        stream,
+        &block(&[
+            (":method", "POST"),
+            (":scheme", "http"),
+            (":path", "/tokentrace.test.Streamer/Generate"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+            ("x-request-id", rid),
+        ]),
+    );
+    out.extend(frame(DATA, END_STREAM, stream, &grpc_message(b"{\"n\":3}")));
+    out
+}
+
+fn grpc_response_headers(stream: u32) -> Vec<u8> {
+    frame(
+        HEADERS,
+        END_HEADERS,
+        stream,
+        &block(&[(":status", "200"), ("content-type", "application/grpc")]),
+    )
+}
+
+fn grpc_trailers(stream: u32, status: &str) -> Vec<u8> {
+    frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        stream,
+        &block(&[("grpc-status", status), ("grpc-message", "done")]),
+    )
+}
+
+fn client_start() -> Vec<u8> {
+    let mut out = PREFACE.to_vec();
+    out.extend(frame(SETTINGS, 0, 0, &[]));
+    out
+}
+
+fn sse_request(stream: u32, rid: &str) -> Vec<u8> {
+    frame(
+        HEADERS,
+        END_HEADERS | END_STREAM,
+        stream,
+        &block(&[
+            (":method", "GET"),
+            (":path", &format!("/v1/stream?rid={rid}")),
+            ("x-request-id", rid),
+        ]),
+    )
+}
+
+fn sse_headers(stream: u32) -> Vec<u8> {
+    frame(
+        HEADERS,
+        END_HEADERS,
+        stream,
+        &block(&[(":status", "200"), ("content-type", "text/event-stream")]),
+    )
+}
+
+fn sse_event(stream: u32, n: u32, last: bool) -> Vec<u8> {
+    let body = format!("data: {{\"id\":\"chatcmpl-{stream}\",\"n\":{n}}}\n\n");
+    frame(
+        DATA,
+        if last { END_STREAM } else { 0 },
+        stream,
+        body.as_bytes(),
+    )
+}
+
+impl Sim {
+    fn read_at(&mut self, ingress: MonoNs, ts: MonoNs, bytes: impl AsRef<[u8]>) {
+        self.next_ingress = Some(ingress);
+        self.read(ts, bytes);
+    }
+}
+
+#[test]
+fn a_grpc_server_stream_is_one_timeline_with_a_chunk_per_message() {
+    let mut sim = Sim::new();
+    let mut first = client_start();
+    first.extend(grpc_request(1, "rid-1"));
+    sim.read_at(5, 10, first);
+    let mut w = frame(SETTINGS, 0, 0, &[]);
+    w.extend(grpc_response_headers(1));
+    sim.write(20, w);
+    sim.write(100, frame(DATA, 0, 1, &grpc_message(b"tok1")));
+    // Two messages in one frame, then one split across two frames and
+    // writes: its completion is the second write.
+    let mut two = grpc_message(b"tok2");
+    two.extend(grpc_message(b""));
+    sim.write(110, frame(DATA, 0, 1, &two));
+    let m = grpc_message(b"a longer token");
+    sim.write(120, frame(DATA, 0, 1, &m[..7]));
+    sim.write(130, frame(DATA, 0, 1, &m[7..]));
+    assert!(sim.take().is_empty(), "nothing ends before the trailers");
+    sim.write(140, grpc_trailers(1, "0"));
+    let t = sim.one();
+    assert_eq!(t.protocol, Protocol::Grpc);
+    assert_eq!(t.stream_id, Some(1));
+    assert_eq!(t.method, "POST");
+    assert_eq!(t.path, "/tokentrace.test.Streamer/Generate");
+    assert_eq!(
+        t.rpc_service_method(),
+        Some(("tokentrace.test.Streamer", "Generate"))
+    );
+    assert_eq!(t.request_id(), Some("rid-1"));
+    assert_eq!(t.status, Some(200));
+    assert_eq!(t.body_kind, Some(BodyKind::Grpc));
+    assert_eq!(t.chunk_ts, vec![100, 110, 110, 130]);
+    assert_eq!(
+        t.request_start, 5,
+        "dated by the arrival of the HEADERS' read"
+    );
+    assert_eq!(t.read_start, 10);
+    assert_eq!(t.ttft_ns(), Some(95));
+    assert_eq!(t.response_start, Some(20));
+    assert_eq!(t.end, 140);
+    assert_eq!(t.grpc_status, Some(0));
+    assert_eq!(t.grpc_message_bytes, Some(4));
+    assert!(!t.aborted && !t.chunks_inexact);
+    assert_eq!(t.flow_control_ns(), Some(0));
+    assert_eq!(sim.st.stats().h2_connections, 1);
+    assert_eq!(sim.st.stats().parse_errors, 0);
+}
+
+#[test]
+fn interleaved_streams_on_one_connection_are_never_misattributed() {
+    let mut sim = Sim::new();
+    sim.read_at(1, 2, client_start());
+    // Three requests in one read, answered interleaved, each with its own
+    // number of events.
+    let mut reqs = Vec::new();
+    for id in [1u32, 3, 5] {
+        reqs.extend(sse_request(id, &format!("r{id}")));
+    }
+    sim.read_at(8, 10, reqs);
+    let mut ts = 20;
+    let counts = [(1u32, 2u32), (3, 5), (5, 3)];
+    for id in [1u32, 3, 5] {
+        sim.write(ts, sse_headers(id));
+        ts += 1;
+    }
+    for round in 0..5 {
+        for (id, n) in counts {
+            if round < n {
+                sim.write(ts, sse_event(id, round, round + 1 == n));
+                ts += 1;
+            }
+        }
+    }
+    let mut out = sim.take();
+    out.sort_by_key(|t| t.stream_id);
+    assert_eq!(out.len(), 3);
+    for (t, (id, n)) in out.iter().zip(counts) {
+        assert_eq!(t.stream_id, Some(id));
+        assert_eq!(t.request_id(), Some(format!("r{id}").as_str()));
+        assert_eq!(t.path, format!("/v1/stream?rid=r{id}"));
+        assert_eq!(t.protocol, Protocol::H2);
+        assert_eq!(t.body_kind, Some(BodyKind::Sse));
+        assert_eq!(t.chunk_ts.len() as u32, n, "stream {id}");
+        assert_eq!(
+            t.response_id.as_deref(),
+            Some(format!("chatcmpl-{id}").as_str())
+        );
+        assert_eq!(t.request_start, 8);
+        assert!(!t.aborted);
+    }
+}
+
+#[test]
+fn a_client_reset_is_client_closed_and_a_server_reset_server_closed() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(sse_request(1, "a"));
+    r.extend(sse_request(3, "b"));
+    sim.read_at(1, 2, r);
+    sim.write(10, sse_headers(1));
+    sim.write(11, sse_headers(3));
+    sim.write(20, sse_event(1, 0, false));
+    sim.write(21, sse_event(3, 0, false));
+    // CANCEL (8) from the client on stream 1.
+    sim.read(30, frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
+    let t = sim.one();
+    assert_eq!(t.stream_id, Some(1));
+    assert_eq!(t.abort_reason, Some(AbortReason::ClientClosed));
+    assert_eq!(t.end, 30);
+    // INTERNAL_ERROR (2) from the server on stream 3.
+    sim.write(40, frame(RST_STREAM, 0, 3, &2u32.to_be_bytes()));
+    let t = sim.one();
+    assert_eq!(t.stream_id, Some(3));
+    assert_eq!(t.abort_reason, Some(AbortReason::ServerClosed));
+    assert_eq!(t.chunk_ts.len(), 1);
+}
+
+#[test]
+fn goaway_aborts_the_streams_the_server_will_not_process() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(sse_request(1, "a"));
+    r.extend(sse_request(3, "b"));
+    sim.read_at(1, 2, r);
+    let mut goaway = 1u32.to_be_bytes().to_vec();
+    goaway.extend_from_slice(&0u32.to_be_bytes());
+    sim.write(10, frame(GOAWAY, 0, 0, &goaway));
+    let t = sim.one();
+    assert_eq!(t.stream_id, Some(3));
+    assert_eq!(t.abort_reason, Some(AbortReason::ServerClosed));
+    sim.write(20, sse_headers(1));
+    sim.write(21, sse_event(1, 0, true));
+    assert!(!sim.one().aborted);
+}
+
+#[test]
+fn the_connection_closing_ends_open_streams_by_who_left() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(grpc_request(1, "a"));
+    sim.read_at(1, 2, r);
+    sim.write(10, grpc_response_headers(1));
+    sim.write(20, frame(DATA, 0, 1, &grpc_message(b"x")));
+    sim.close(30);
+    let t = sim.one();
+    assert_eq!(t.abort_reason, Some(AbortReason::ServerClosed));
+    assert_eq!(t.chunk_ts, vec![20]);
+}
+
+#[test]
+fn an_uncaptured_payload_keeps_counts_exact_and_an_uncaptured_frame_header_does_not() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(grpc_request(1, "a"));
+    sim.read_at(1, 2, r);
+    sim.write(10, grpc_response_headers(1));
+    // One write of two frames; the capture ends inside the second frame's
+    // message body: the rest is skipped by count.
+    let mut w = frame(DATA, 0, 1, &grpc_message(b"one"));
+    let cut = w.len() + 9 + 5 + 10;
+    w.extend(frame(DATA, 0, 1, &grpc_message(&[b'x'; 300])));
+    sim.write_cut(20, &w, cut);
+    // The next write is cut inside the first frame's payload, and a second
+    // frame's header is in the uncaptured tail: framing is lost.
+    let mut w = frame(DATA, 0, 1, &grpc_message(&[b'y'; 100]));
+    w.extend(frame(DATA, 0, 1, &grpc_message(b"hidden")));
+    sim.write_cut(30, &w, 20);
+    // The next write begins with frames again.
+    sim.write(40, frame(DATA, 0, 1, &grpc_message(b"after")));
+    sim.write(50, grpc_trailers(1, "0"));
+    let t = sim.one();
+    assert_eq!(t.chunk_ts, vec![20, 20, 30, 40]);
+    assert!(t.chunks_inexact, "the hidden message was not counted");
+    assert_eq!(sim.st.stats().chunks_inexact, 1);
+    assert_eq!(sim.st.stats().truncated_writes, 2);
+}
+
+#[test]
+fn tracing_started_mid_connection_recovers_the_streams_that_start_afterwards() {
+    let mut sim = Sim::without_accept(StitchConfig::default());
+    // Stream 1 was in flight before tracing: its DATA is skipped, counted
+    // once.
+    sim.write(10, frame(DATA, 0, 1, &grpc_message(b"old")));
+    sim.write(11, frame(DATA, 0, 1, &grpc_message(b"old")));
+    assert_eq!(sim.st.stats().streams_in_flight_at_start, 1);
+    assert_eq!(sim.st.stats().h2_connections, 1);
+    // Stream 3 starts now. Its HEADERS refer to an entry the client's
+    // encoder inserted before tracing (index 62): unknown, counted, and the
+    // timing is whole.
+    let mut hdrs = vec![0x83, 0xbe];
+    hdrs.extend(block(&[
+        (":path", "/pkg.Svc/Method"),
+        ("content-type", "application/grpc"),
+    ]));
+    let mut r = frame(HEADERS, END_HEADERS, 3, &hdrs);
+    r.extend(frame(DATA, END_STREAM, 3, &grpc_message(b"")));
+    sim.read_at(18, 20, r);
+    sim.write(30, grpc_response_headers(3));
+    sim.write(40, frame(DATA, 0, 3, &grpc_message(b"new")));
+    sim.write(50, frame(DATA, 0, 1, &grpc_message(b"old")));
+    sim.write(60, grpc_trailers(3, "0"));
+    let t = sim.one();
+    assert_eq!(t.stream_id, Some(3));
+    assert_eq!(t.method, "POST");
+    assert_eq!(t.path, "/pkg.Svc/Method");
+    assert_eq!(t.protocol, Protocol::Grpc);
+    assert_eq!(t.chunk_ts, vec![40]);
+    assert_eq!(t.request_start, 18);
+    assert_eq!(sim.st.stats().hpack_unknown_indexes, 1);
+    assert_eq!(sim.st.stats().streams_in_flight_at_start, 1);
+    assert_eq!(sim.st.stats().parse_errors, 0);
+}
+
+#[test]
+fn a_used_up_send_window_is_flow_control_time() {
+    let mut sim = Sim::new();
+    // The client allows 10 bytes per stream.
+    let mut r = PREFACE.to_vec();
+    r.extend(frame(SETTINGS, 0, 0, &[0, 4, 0, 0, 0, 10]));
+    r.extend(sse_request(1, "a"));
+    sim.read_at(1, 2, r);
+    sim.write(10, sse_headers(1));
+    sim.write(20, frame(DATA, 0, 1, b"data: 1\n\n\n"));
+    sim.read(70, frame(WINDOW_UPDATE, 0, 1, &100u32.to_be_bytes()));
+    sim.write(71, frame(DATA, END_STREAM, 1, b"data: 2\n\n"));
+    let t = sim.one();
+    assert_eq!(t.flow_control_waits, vec![(20, 70)]);
+    assert_eq!(t.flow_control_ns(), Some(50));
+    assert_eq!(t.chunk_ts, vec![20, 71]);
+}
+
+#[test]
+fn an_h2c_upgrade_answers_the_upgrading_request_on_stream_1() {
+    let mut sim = Sim::new();
+    sim.read_at(
+        3,
+        5,
+        "GET /v1/stream HTTP/1.1\r\nHost: x\r\nConnection: Upgrade, HTTP2-Settings\r\n\
+         Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAAP__\r\nx-request-id: up-1\r\n\r\n",
+    );
+    let mut w =
+        b"HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n".to_vec();
+    w.extend(frame(SETTINGS, 0, 0, &[]));
+    sim.write(10, w);
+    sim.read(12, client_start());
+    sim.write(20, sse_headers(1));
+    sim.write(30, sse_event(1, 0, false));
+    sim.write(40, sse_event(1, 1, true));
+    let t = sim.one();
+    assert_eq!(t.stream_id, Some(1));
+    assert_eq!(t.method, "GET");
+    assert_eq!(t.request_id(), Some("up-1"));
+    assert_eq!(t.status, Some(200));
+    assert_eq!(t.chunk_ts, vec![30, 40]);
+    assert_eq!(t.request_start, 3);
+    assert_eq!(t.response_start, Some(20));
+    assert_eq!(sim.st.stats().parse_errors, 0);
+}
+
+#[test]
+fn a_process_that_writes_the_preface_is_a_client() {
+    let mut sim = Sim::new();
+    sim.write(10, client_start());
+    sim.read(20, frame(SETTINGS, 0, 0, &[]));
+    assert!(sim.take().is_empty());
+    assert_eq!(sim.st.stats().client_connections, 1);
+    assert_eq!(sim.st.stats().h2_connections, 0);
+}
+
+#[test]
+fn malformed_frames_are_a_counted_parse_error_and_streams_still_close() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(sse_request(1, "a"));
+    sim.read_at(1, 2, r);
+    sim.write(10, sse_headers(1));
+    // A frame longer than the client's 16 KiB limit: garbage.
+    sim.write(20, [0xff, 0xff, 0xff, 0, 0, 0, 0, 0, 1, 1, 2, 3]);
+    assert_eq!(sim.st.stats().parse_errors, 1);
+    // A write that is not frames does not resync; one that is, does.
+    sim.write(30, b"garbage that is no frame at all");
+    sim.write(40, sse_event(1, 0, true));
+    let t = sim.one();
+    assert_eq!(t.chunk_ts, vec![40]);
+    assert!(t.chunks_inexact);
+}
+
+#[test]
+fn garbage_after_the_preface_never_panics_and_keeps_memory_bounded() {
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..200 {
+        let mut sim = Sim::new();
+        sim.read(2, client_start());
+        for i in 0..20 {
+            let len = (next() % 64) as usize;
+            let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            if i % 3 == 0 {
+                // Plausible frame headers with random payloads.
+                bytes = frame(
+                    (next() % 10) as u8,
+                    next() as u8,
+                    (next() % 8) as u32,
+                    &bytes,
+                );
+            }
+            let ts = 10 + i * 10 + round;
+            if next() % 2 == 0 {
+                sim.read(ts, &bytes);
+            } else {
+                let captured = (next() as usize) % (bytes.len() + 1);
+                sim.write_cut(ts, &bytes, captured);
+            }
+        }
+        sim.close(1_000);
+        for t in sim.take() {
+            assert!(t.end >= t.request_start);
+        }
+    }
+}
