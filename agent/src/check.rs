@@ -345,6 +345,9 @@ pub fn probed_file_lines(pid: u32) -> Vec<String> {
             lines.push("    llm:* USDT sites: nop, emulated".to_string());
         }
     }
+    for (mapped, why) in crate::discover::libraries::opaque_tls_files(proc_root, pid) {
+        lines.push(format!("pid {pid}: {mapped}: TLS not traceable: {why}"));
+    }
     if !files.iter().any(|f| !f.probes.tls.is_empty()) {
         lines.push(format!(
             "pid {pid}: TLS: no OpenSSL loaded (yet: libraries loaded later are found when they are mapped)"

@@ -26,8 +26,16 @@ const APT_PACKAGES: &[&str] = &[
 
 /// Python packages of the test servers, and rotel: the OpenTelemetry
 /// collector (a Rust binary shipped in the wheel) the export tests send to.
-/// Pinned: the tests parse its debug output.
-const PIP_PACKAGES: &[&str] = &["fastapi", "uvicorn", "sse-starlette", "rotel==0.0.1a15"];
+/// Pinned: the tests parse its debug output. grpcio: the gRPC server and
+/// client of tests/ebpf_http2.rs, pinned because the tests depend on how its
+/// wheel writes (sendmsg iovecs) and that its TLS is a BoringSSL inside it.
+const PIP_PACKAGES: &[&str] = &[
+    "fastapi",
+    "uvicorn",
+    "sse-starlette",
+    "rotel==0.0.1a15",
+    "grpcio==1.85.1",
+];
 
 /// Validators of the deployment manifests (tests/deploy_manifests.rs):
 /// Kubernetes schemas offline, security policies, the Dockerfile linter
@@ -44,9 +52,11 @@ const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
 
 /// Debian packages only the tests need: Chromium renders the session
 /// report headless (tests/session_record.rs); nginx terminates TLS in front
-/// of a plaintext streaming server (tests/ebpf_tls.rs); stress-ng keeps a
-/// core busy for `cargo xtask test --stress`.
-const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx", "stress-ng"];
+/// of a plaintext streaming server (tests/ebpf_tls.rs) and speaks HTTP/2 and
+/// grpc_pass (tests/ebpf_http2.rs); nodejs runs the HTTP/2 SSE server and
+/// client there (its built-in `http2` module); stress-ng keeps a core busy
+/// for `cargo xtask test --stress`.
+const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx", "stress-ng", "nodejs"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
@@ -94,7 +104,11 @@ pub fn install(scope: Scope) -> Result<()> {
     if scope == Scope::All
         && !succeeds(
             "python3",
-            &["-c", "import fastapi, uvicorn, sse_starlette, rotel"],
+            &[
+                "-c",
+                "import fastapi, uvicorn, sse_starlette, rotel, grpc; \
+                 assert grpc.__version__ == '1.85.1', grpc.__version__",
+            ],
         )
     {
         eprintln!(

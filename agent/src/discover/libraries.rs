@@ -1,5 +1,7 @@
 //! Which files of a traced process carry something to probe: OpenSSL
-//! (`libssl.so*`, or an executable exporting the SSL symbols), the CUDA
+//! (`libssl.so*`, or any other mapped ELF that exports the SSL symbols:
+//! node links OpenSSL statically into its executable, other runtimes into
+//! a shared library of their own), the CUDA
 //! runtime or driver (`libcudart.so*`, `libcuda.so*`), and `llm:*` USDT
 //! probes (any mapped file with a `.note.stapsdt` naming provider `llm`),
 //! and where in each function the probe goes (`placement`).
@@ -14,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use iced_x86::Register;
 use object::read::ReadCache;
-use object::{Object, ObjectSection};
+use object::{Object, ObjectSection, ObjectSymbol};
 
 use super::placement::{kernel_emulates_long_nops, Code, Needs, Placement, ARG_REGISTERS};
 
@@ -241,6 +243,72 @@ fn tls_sites<'d, R: object::ReadRef<'d>>(code: &Code<'d, R>) -> Vec<Site> {
     sites
 }
 
+/// The file defines (exports) an OpenSSL read and write function in its
+/// dynamic symbol table: OpenSSL linked statically into an executable or a
+/// library not named libssl (node exports them for its addons). One pass
+/// over `.dynsym`, so every mapped file can be asked cheaply; the full
+/// symbol search of `placement` runs only for files that pass.
+fn exports_openssl<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> bool {
+    let (mut read, mut write) = (false, false);
+    for sym in elf.dynamic_symbols() {
+        if !sym.is_definition() {
+            continue;
+        }
+        let Ok(name) = sym.name() else { continue };
+        read |= TLS_READ_SYMBOLS.contains(&name);
+        write |= TLS_WRITE_SYMBOLS.contains(&name);
+        if read && write {
+            return true;
+        }
+    }
+    false
+}
+
+/// grpcio's extension module (`cygrpc.*.so` of the PyPI wheels) carries
+/// BoringSSL linked in statically and stripped: grpc-core does TLS inside
+/// it, on memory BIOs, through functions no symbol names, so nothing can be
+/// probed (h2c gRPC is traced from the socket calls). Debian's
+/// python3-grpcio links the system libssl instead: its cygrpc imports
+/// `SSL_read`/`SSL_write`, and the libssl it maps is probed as usual.
+fn is_opaque_grpc_tls<'d, R: object::ReadRef<'d>>(name: &str, elf: &object::File<'d, R>) -> bool {
+    if !(name.starts_with("cygrpc.") && name.contains(".so")) {
+        return false;
+    }
+    let openssl = |s: &str| TLS_READ_SYMBOLS.contains(&s) || TLS_WRITE_SYMBOLS.contains(&s);
+    !elf.dynamic_symbols()
+        .any(|sym| sym.name().is_ok_and(openssl))
+}
+
+/// Files `pid` maps whose TLS cannot be traced (no symbols to probe), with
+/// why: grpcio wheels' cygrpc with its stripped, statically linked
+/// BoringSSL. For `tokentrace check --pid` and the agent's log.
+pub fn opaque_tls_files(proc_root: &Path, pid: u32) -> Vec<(String, &'static str)> {
+    let root = proc_root.join(pid.to_string()).join("root");
+    let mut out = Vec::new();
+    for mapped in executable_mappings(proc_root, pid) {
+        let name = file_name(&mapped);
+        if !name.starts_with("cygrpc.") {
+            continue;
+        }
+        let path = root.join(mapped.trim_start_matches('/'));
+        let Ok(file) = std::fs::File::open(&path) else {
+            continue;
+        };
+        let cache = ReadCache::new(file);
+        let Ok(elf) = object::File::parse(&cache) else {
+            continue;
+        };
+        if is_opaque_grpc_tls(name, &elf) {
+            out.push((
+                mapped.clone(),
+                "grpcio's BoringSSL is linked in statically and stripped (no SSL symbols): \
+                 TLS gRPC served by this process cannot be traced; h2c (plaintext) gRPC is",
+            ));
+        }
+    }
+    out
+}
+
 /// Inspects one file: which probes it can take and where. Reads only the
 /// ELF headers, symbols, the USDT notes and the probed functions' first
 /// bytes, not the whole file (CUDA and framework libraries are hundreds of
@@ -260,8 +328,10 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
             probes.usdt = llm_usdt_probes(data);
         }
     }
-    let tls_candidate =
-        name.starts_with("libssl.so") || name.starts_with("libssl3.so") || is_main_executable;
+    let tls_candidate = name.starts_with("libssl.so")
+        || name.starts_with("libssl3.so")
+        || is_main_executable
+        || exports_openssl(&elf);
     let code = Code::new(&elf, kernel_emulates_long_nops());
     if tls_candidate {
         probes.tls = tls_sites(&code);
@@ -442,6 +512,49 @@ mod tests {
         // This test binary defines no SSL function and has no llm notes.
         let me = std::env::current_exe().expect("current exe");
         assert!(inspect(&me, true).is_empty());
+    }
+
+    #[test]
+    fn any_elf_exporting_the_ssl_functions_is_an_openssl_file() {
+        // OpenSSL inside a file not named libssl that is not the process's
+        // executable either (node's, a runtime's own library): a copy of
+        // libssl under another name stands for it.
+        let libssl = system_libssl().expect("libssl.so.3 is installed on this machine");
+        let dir =
+            std::env::temp_dir().join(format!("tokentrace-static-ssl-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let copy = dir.join("libruntime-with-openssl.so");
+        std::fs::copy(&libssl, &copy).expect("copy libssl");
+        let probes = inspect(&copy, false);
+        let _ = std::fs::remove_dir_all(&dir);
+        let functions: Vec<&str> = probes.tls.iter().map(|s| s.function).collect();
+        assert!(
+            functions.contains(&"SSL_read_ex") && functions.contains(&"SSL_write_ex"),
+            "{probes:#?}"
+        );
+    }
+
+    #[test]
+    fn a_cygrpc_without_ssl_symbols_is_opaque_tls_and_one_importing_them_is_not() {
+        // This test binary exports no SSL function: as a cygrpc it is the
+        // wheel's stripped BoringSSL case; libssl (which defines them) is
+        // the case of a cygrpc linked against the system OpenSSL.
+        let me = std::env::current_exe().expect("current exe");
+        let libssl = system_libssl().expect("libssl.so.3 is installed on this machine");
+        for (path, opaque) in [(me, true), (libssl, false)] {
+            let data = std::fs::read(&path).expect("read ELF");
+            let elf = object::File::parse(&*data).expect("parse ELF");
+            assert_eq!(
+                is_opaque_grpc_tls("cygrpc.cpython-311-x86_64-linux-gnu.so", &elf),
+                opaque,
+                "{}",
+                path.display()
+            );
+            assert!(
+                !is_opaque_grpc_tls("libfoo.so", &elf),
+                "only grpcio's module"
+            );
+        }
     }
 
     #[test]
