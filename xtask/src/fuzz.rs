@@ -12,6 +12,7 @@ const TARGETS: &[&str] = &[
     "fuzz::targets::fuzz_raw_records_decode_and_stitch",
     "fuzz::targets::fuzz_decode_arbitrary_bytes",
     "fuzz::targets::fuzz_http_chunked_sse_json_streams",
+    "fuzz::targets::fuzz_http2_frames_hpack_grpc_streams",
     "fuzz::targets::fuzz_one_connection_fed_endlessly_stays_within_its_buffer_limit",
 ];
 

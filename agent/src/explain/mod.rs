@@ -365,6 +365,7 @@ impl Explainer {
             _ => Intervals::default(),
         };
         let queue = marks.map_or_else(Intervals::default, |m| mark_span(m.queued, m.scheduled));
+        let flow_control = Intervals::union_of(t.flow_control_waits.iter().copied());
         let prefill = marks.map_or_else(Intervals::default, |m| {
             mark_span(m.prefill_start, m.prefill_end)
         });
@@ -419,6 +420,7 @@ impl Explainer {
                 totals.queue += share(&queue).0;
                 totals.prefill += share(&prefill).0;
                 totals.gpu += share(&side.gpu).0;
+                totals.flow_control += share(&flow_control).0;
                 let (off_ns, off_part) = share(&side.off);
                 totals.off_cpu += off_ns;
                 // Only intervals that reach into the segment can share it.
@@ -442,7 +444,8 @@ impl Explainer {
                 .into_iter()
                 .max_by_key(|(overlap, _)| *overlap)
                 .map(|(_, r)| r);
-            let explained = totals.queue + totals.prefill + totals.gpu + totals.off_cpu;
+            let explained =
+                totals.queue + totals.prefill + totals.gpu + totals.flow_control + totals.off_cpu;
             let batch_fan_in = engine_pids
                 .iter()
                 .flat_map(|pid| self.steps.ending_after(pid, start))
@@ -456,6 +459,7 @@ impl Explainer {
                 queue_ms: ms(totals.queue),
                 prefill_ms: ms(totals.prefill),
                 gpu_sync_ms: ms(totals.gpu),
+                flow_control_ms: ms(totals.flow_control),
                 off_cpu_ms: ms(totals.off_cpu),
                 off_cpu_reason: reason,
                 socket_ms: ms(socket_ns),
@@ -485,6 +489,7 @@ struct Breakdown {
     queue: u64,
     prefill: u64,
     gpu: u64,
+    flow_control: u64,
     off_cpu: u64,
     launches: u64,
 }

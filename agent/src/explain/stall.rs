@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// The cause breakdown of one stalled chunk. Every cause is a disjoint part
 /// of the gap (earlier causes win where they overlap, in field order), so
-/// `queue + prefill + gpu_sync + off_cpu + unexplained = gap`. `socket_ms`
+/// `queue + prefill + gpu_sync + flow_control + off_cpu + unexplained = gap`. `socket_ms`
 /// is the time the chunk's bytes then sat in the socket's send queue: it
 /// comes after the gap, delaying delivery rather than emission.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -21,6 +21,10 @@ pub struct Stall {
     /// Serving threads blocked in CUDA synchronisation calls. GPU time is
     /// inferred from sync waits: uprobes see work enqueued, not executed.
     pub gpu_sync_ms: f64,
+    /// HTTP/2: the server's writes of this stream waited for the client's
+    /// WINDOW_UPDATE (its flow-control window was used up: the client was
+    /// not reading).
+    pub flow_control_ms: f64,
     /// Serving threads off-CPU, outside the causes above.
     pub off_cpu_ms: f64,
     /// What the longest off-CPU part was blocked in: futex, sleep, io,

@@ -321,3 +321,28 @@ fn an_idle_thread_that_only_queued_the_request_is_not_a_producer() {
     assert_eq!(stall.off_cpu_reason.as_deref(), Some("sleep"), "{stall:?}");
     assert!(close_ms(stall.unexplained_ms, 2.0), "{stall:?}");
 }
+
+#[test]
+fn an_http2_flow_control_wait_is_its_own_cause_before_off_cpu() {
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    // The writer waits off-CPU (in epoll) for the client's WINDOW_UPDATE:
+    // the wait is flow control, not the writer's own off-CPU time.
+    for e in [
+        write(1001, 0, true),
+        off_cpu(FRONTEND, WRITER_TID, 1250, 1340, Some(232)),
+    ] {
+        ex.observe(&e);
+    }
+    let mut t = timeline(&[1230, 1240, 1350]);
+    t.protocol = crate::stitch::Protocol::H2;
+    t.flow_control_waits = vec![(1245 * MS, 1330 * MS)];
+    let stalls = ex.explain(&t);
+    let late = stalls
+        .iter()
+        .find(|s| s.chunk == 2)
+        .expect("chunk 2 is late");
+    assert!(close_ms(late.flow_control_ms, 85.0), "{late:?}");
+    // 1330..1340 of the off-CPU interval is outside the wait.
+    assert!(close_ms(late.off_cpu_ms, 10.0), "{late:?}");
+    assert!(close_ms(late.unexplained_ms, 15.0), "{late:?}");
+}

@@ -1,7 +1,8 @@
 //! Property-based fuzzing of everything that parses kernel- or
 //! peer-controlled bytes: the raw ring buffer records (`ingest::decode`),
 //! and through the stitcher the HTTP/1.1 head parser, the chunked decoder,
-//! the SSE scanner and the JSON field extractor. Stable Rust: proptest.
+//! the SSE scanner, the JSON field extractor, and the HTTP/2 frame reader,
+//! HPACK decoder and gRPC message walker. Stable Rust: proptest.
 //!
 //! Inputs are realistic captures, then mutated: the synthetic vLLM/uvicorn
 //! traffic as the probes would record it (`pipeline::synthetic`), and
@@ -13,8 +14,7 @@
 //! `cargo test` runs a short bounded pass (a fixed number of cases per
 //! target); `cargo xtask fuzz --minutes N` sets `TOKENTRACE_FUZZ_SECONDS`
 //! and each target runs until its share of the time is spent, printing
-//! its executions. HTTP/2 and HPACK have no decoder yet (design.md: the
-//! first implementation is still to come); a target belongs here with it.
+//! its executions.
 
 mod alloc_meter;
 mod seeds;

@@ -93,3 +93,148 @@ pub fn responses() -> Vec<Vec<u8>> {
         .map(String::into_bytes)
         .collect()
 }
+
+/// One HTTP/2 frame.
+pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// HPACK literals with incremental indexing and a new name (so the
+/// decoder's dynamic table fills), no Huffman.
+fn hpack_indexed_literals(headers: &[(&str, &str)]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (name, value) in headers {
+        out.push(0x40);
+        out.push(name.len() as u8);
+        out.extend_from_slice(name.as_bytes());
+        out.push(value.len() as u8);
+        out.extend_from_slice(value.as_bytes());
+    }
+    out
+}
+
+fn grpc_message(body: &[u8]) -> Vec<u8> {
+    let mut m = vec![0];
+    m.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    m.extend_from_slice(body);
+    m
+}
+
+/// (client bytes, server bytes) of HTTP/2 connections as servers write
+/// them: a gRPC server stream (grpc-core style, several messages per DATA
+/// frame, trailers), SSE over HTTP/2 with a Huffman-coded header block
+/// (RFC 7541 C.4.1) and a padded DATA frame, and two interleaved streams
+/// with a client WINDOW_UPDATE and an RST_STREAM.
+pub fn h2_connections() -> Vec<(Vec<u8>, Vec<u8>)> {
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+    let settings = h2_frame(4, 0, 0, &[0, 4, 0, 0x40, 0, 0, 0, 5, 0, 0, 0x40, 0]);
+    let mut grpc_client = PREFACE.to_vec();
+    grpc_client.extend(&settings);
+    grpc_client.extend(h2_frame(
+        1,
+        0x4,
+        1,
+        &hpack_indexed_literals(&[
+            (":path", "/tokentrace.test.Streamer/Generate"),
+            ("content-type", "application/grpc"),
+            ("x-request-id", "fuzz-1"),
+        ]),
+    ));
+    grpc_client.extend(h2_frame(0, 0x1, 1, &grpc_message(b"\x08\x05")));
+    let mut grpc_server = h2_frame(4, 0, 0, &[]);
+    grpc_server.extend(h2_frame(4, 0x1, 0, &[]));
+    grpc_server.extend(h2_frame(
+        1,
+        0x4,
+        1,
+        &[
+            &[0x88][..],
+            &hpack_indexed_literals(&[("content-type", "application/grpc")]),
+        ]
+        .concat(),
+    ));
+    let mut batch = Vec::new();
+    for token in [&b"Hello"[..], b",", b" world"] {
+        batch.extend(grpc_message(token));
+    }
+    grpc_server.extend(h2_frame(0, 0, 1, &batch));
+    grpc_server.extend(h2_frame(0, 0, 1, &grpc_message(&[b't'; 300])));
+    grpc_server.extend(h2_frame(
+        1,
+        0x5,
+        1,
+        &hpack_indexed_literals(&[("grpc-status", "0"), ("grpc-message", "")]),
+    ));
+
+    let mut sse_client = PREFACE.to_vec();
+    sse_client.extend(&settings);
+    // :method GET, :scheme http, :path /, :authority www.example.com
+    // (Huffman), then a request id.
+    let mut block = vec![
+        0x82, 0x86, 0x84, 0x41, 0x8c, 0xf1, 0xe3, 0xc2, 0xe5, 0xf2, 0x3a, 0x6b, 0xa0, 0xab, 0x90,
+        0xf4, 0xff,
+    ];
+    block.extend(hpack_indexed_literals(&[("x-request-id", "fuzz-2")]));
+    sse_client.extend(h2_frame(1, 0x5, 3, &block));
+    let mut sse_server = h2_frame(4, 0, 0, &[]);
+    sse_server.extend(h2_frame(
+        1,
+        0x4,
+        3,
+        &[
+            &[0x88][..],
+            &hpack_indexed_literals(&[("content-type", "text/event-stream")]),
+        ]
+        .concat(),
+    ));
+    for i in 0..3 {
+        let event =
+            format!("data: {{\"id\":\"chatcmpl-fuzz\",\"choices\":[{{\"delta\":\"{i}\"}}]}}\n\n");
+        sse_server.extend(h2_frame(0, 0, 3, event.as_bytes()));
+    }
+    let mut padded = vec![4];
+    padded.extend_from_slice(b"data: [DONE]\n\n");
+    padded.extend_from_slice(&[0; 4]);
+    sse_server.extend(h2_frame(0, 0x9, 3, &padded));
+
+    let mut two_client = PREFACE.to_vec();
+    two_client.extend(&settings);
+    for id in [1u32, 3] {
+        two_client.extend(h2_frame(
+            1,
+            0x5,
+            id,
+            &hpack_indexed_literals(&[(":method", "GET"), (":path", "/v1/stream")]),
+        ));
+    }
+    two_client.extend(h2_frame(8, 0, 0, &[0, 1, 0, 0]));
+    two_client.extend(h2_frame(3, 0, 3, &[0, 0, 0, 8]));
+    let mut two_server = h2_frame(4, 0, 0, &[]);
+    for id in [1u32, 3] {
+        two_server.extend(h2_frame(
+            1,
+            0x4,
+            id,
+            &[
+                &[0x88][..],
+                &hpack_indexed_literals(&[("content-type", "text/event-stream")]),
+            ]
+            .concat(),
+        ));
+    }
+    for i in 0..4u32 {
+        let id = if i % 2 == 0 { 1 } else { 3 };
+        two_server.extend(h2_frame(0, 0, id, b"data: {\"id\":\"x\"}\n\n"));
+    }
+    two_server.extend(h2_frame(0, 0x1, 1, b""));
+    vec![
+        (grpc_client, grpc_server),
+        (sse_client, sse_server),
+        (two_client, two_server),
+    ]
+}

@@ -261,6 +261,89 @@ fn fuzz_http_chunked_sse_json_streams() {
     );
 }
 
+/// One HTTP/2 connection: the client's bytes and the server's, each split
+/// at `splits` into syscalls (client first, then interleaved one by one),
+/// writes captured to `cap` bytes.
+fn stitch_h2(client: &[u8], server: &[u8], splits: &[usize], cap: usize) -> Vec<RequestTimeline> {
+    let mut st = Stitcher::new(StitchConfig {
+        max_buffered_bytes: 16 << 10,
+        max_connections: 16,
+        ..StitchConfig::default()
+    });
+    let mut out = Vec::new();
+    let mut ts = 1;
+    st.push(&Event::Accept(conn_event(ts)), &mut out);
+    let cut = |bytes: &[u8], mut i: usize| -> Vec<(usize, usize)> {
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = splits
+                .get(i)
+                .copied()
+                .unwrap_or(bytes.len())
+                .clamp(1, bytes.len() - at);
+            pieces.push((at, at + n));
+            at += n;
+            i += 1;
+        }
+        pieces
+    };
+    let reads = cut(client, 0);
+    let writes = cut(server, splits.len() / 2);
+    for k in 0..reads.len().max(writes.len()) {
+        ts += 10;
+        if let Some(&(a, b)) = reads.get(k) {
+            st.push(
+                &data(Direction::Ingress, ts, &client[a..b], b - a),
+                &mut out,
+            );
+        }
+        if let Some(&(a, b)) = writes.get(k) {
+            let captured = &server[a..b.min(a.saturating_add(cap))];
+            st.push(&data(Direction::Egress, ts + 1, captured, b - a), &mut out);
+        }
+    }
+    st.push(&Event::Close(conn_event(ts + 10)), &mut out);
+    st.finish(ts + 20, &mut out);
+    out
+}
+
+#[test]
+fn fuzz_http2_frames_hpack_grpc_streams() {
+    let seeds = seeds::h2_connections();
+    // Unmutated and whole, each seed finishes its streams with chunks.
+    for (i, (client, server)) in seeds.iter().enumerate() {
+        let out = stitch_h2(client, server, &[], usize::MAX);
+        assert!(
+            out.iter()
+                .any(|t| !t.aborted && !t.chunk_ts.is_empty() && t.stream_id.is_some()),
+            "seed {i} does not stitch: {out:#?}"
+        );
+    }
+    let strategy = (
+        0..seeds.len(),
+        mutations(12),
+        mutations(6),
+        vec(1usize..200, 0..40),
+        prop_oneof![Just(usize::MAX), 8usize..256],
+    );
+    fuzz(
+        "http2_streams",
+        256,
+        strategy,
+        |(which, server_muts, client_muts, splits, cap)| {
+            let (mut client, mut server) = seeds[which].clone();
+            mutate_bytes(&mut server, &server_muts);
+            mutate_bytes(&mut client, &client_muts);
+            for t in stitch_h2(&client, &server, &splits, cap) {
+                assert!(t.chunk_ts.windows(2).all(|w| w[0] <= w[1]), "{t:#?}");
+                assert!(t.end >= t.request_start || t.aborted, "{t:#?}");
+                assert!(t.flow_control_ns().is_some(), "an HTTP/2 stream: {t:#?}");
+            }
+        },
+    );
+}
+
 // ---------------------------------------------------- bounded memory per conn
 
 /// Byte streams that never finish what they start, fed for megabytes: a
@@ -269,7 +352,34 @@ fn fuzz_http_chunked_sse_json_streams() {
 /// without responses, a response body prefix that never ends.
 fn endless(kind: u8, piece: usize, i: usize) -> (Direction, Vec<u8>) {
     let filler = |c: u8| vec![c; piece];
-    match kind % 5 {
+    let preface = || b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    match kind % KINDS {
+        // HTTP/2: a header block that never ends (CONTINUATION forever).
+        5 => (
+            Direction::Ingress,
+            if i == 0 {
+                let mut b = preface();
+                b.extend(seeds::h2_frame(1, 0, 1, b"\x82\x84"));
+                b
+            } else {
+                seeds::h2_frame(9, 0, 1, &filler(b'h')[..piece.min(16_384)])
+            },
+        ),
+        // HTTP/2: streams opened and never answered, and never ended.
+        6 => (
+            Direction::Ingress,
+            if i == 0 {
+                preface()
+            } else {
+                let mut b = Vec::new();
+                let per_write = piece / 16 + 1;
+                for k in 0..per_write {
+                    let id = 1 + 2 * (i * per_write + k) as u32;
+                    b.extend(seeds::h2_frame(1, 0x4, id, b"\x82\x84"));
+                }
+                b
+            },
+        ),
         0 => (
             Direction::Ingress,
             if i == 0 {
@@ -311,6 +421,7 @@ fn endless(kind: u8, piece: usize, i: usize) -> (Direction, Vec<u8>) {
 }
 
 const LIMIT: usize = 32 << 10;
+const KINDS: u8 = 7;
 
 /// Feeds one connection `fed` bytes of the never-ending stream `kind` in
 /// `piece`-byte writes; returns the heap bytes it held at most beyond what
@@ -324,7 +435,7 @@ fn endless_growth(kind: u8, piece: usize, fed_total: usize) -> usize {
     let mut st = Stitcher::new(config);
     let mut out = Vec::new();
     st.push(&Event::Accept(conn_event(1)), &mut out);
-    if kind % 5 == 1 || kind % 5 == 2 || kind % 5 == 4 {
+    if matches!(kind % KINDS, 1 | 2 | 4) {
         let req = seeds::request();
         st.push(&data(Direction::Ingress, 2, &req, req.len()), &mut out);
     }
@@ -351,10 +462,25 @@ fn endless_growth(kind: u8, piece: usize, fed_total: usize) -> usize {
     grew
 }
 
+/// What streams opened and never answered can hold (kind 6): at most
+/// `MAX_STREAMS` of them, each a timeline and its smallest buffer share.
+fn h2_streams_bound(kind: u8) -> usize {
+    if kind % KINDS == 6 {
+        crate::stitch::H2_MAX_STREAMS * H2_STREAM_BYTES
+    } else {
+        0
+    }
+}
+
+/// Heap bytes of one open HTTP/2 stream with no response, measured (it is
+/// a `RequestTimeline` of ~600 bytes plus its request prefix buffer and
+/// map entry) with room for allocator rounding.
+const H2_STREAM_BYTES: usize = 2048;
+
 #[test]
 fn fuzz_one_connection_fed_endlessly_stays_within_its_buffer_limit() {
     const FED: usize = 512 << 10;
-    let strategy = (0u8..5, 64usize..8192);
+    let strategy = (0u8..KINDS, 64usize..8192);
     fuzz("bounded_memory", 10, strategy, |(kind, piece)| {
         let once = endless_growth(kind, piece, FED);
         let four_times = endless_growth(kind, piece, 4 * FED);
@@ -365,7 +491,11 @@ fn fuzz_one_connection_fed_endlessly_stays_within_its_buffer_limit() {
         // there that term grows with the writes (found by this target; see
         // `regression_a_close_delimited_body_keeps_8_bytes_per_write`).
         let more_writes = 3 * FED / piece + 1;
-        let per_chunk = if kind % 5 == 4 { 16 * more_writes } else { 0 };
+        let per_chunk = if kind % KINDS == 4 {
+            16 * more_writes
+        } else {
+            0
+        };
         assert!(
             four_times <= once + per_chunk + 4096,
             "kind {kind}, {piece}-byte pieces: held {once} bytes after {FED}, {four_times} after 4x"
@@ -373,7 +503,7 @@ fn fuzz_one_connection_fed_endlessly_stays_within_its_buffer_limit() {
         // and small: the head/event limit, a body prefix as large, and the
         // queue of pipelined requests (at most MAX_IN_FLIGHT heads)
         assert!(
-            once <= 4 * LIMIT + (32 << 10),
+            once <= 4 * LIMIT + (32 << 10) + h2_streams_bound(kind),
             "kind {kind}, {piece}-byte pieces: {once} bytes held (limit {LIMIT})"
         );
     });
@@ -436,6 +566,25 @@ fn regression_a_close_delimited_body_keeps_8_bytes_per_write() {
             endless_growth(kind, 100, 1 << 20),
             endless_growth(kind, 100, 4 << 20),
             "kind {kind} grows with what it is fed"
+        );
+    }
+}
+
+/// The HTTP/2 endless inputs, each run for sure (the fuzz target above
+/// draws kinds at random): a header block that never ends keeps at most
+/// its block limit; streams that are never answered stop at the stream
+/// limit.
+#[test]
+fn http2_connections_fed_endlessly_are_bounded_by_their_limits() {
+    const FED: usize = 512 << 10;
+    for (kind, piece) in [(5u8, 4096usize), (5, 16_000), (6, 256), (6, 4096)] {
+        let once = endless_growth(kind, piece, FED);
+        let four_times = endless_growth(kind, piece, 4 * FED);
+        println!("kind {kind}, {piece}-byte pieces: {once} bytes, then {four_times} after 4x");
+        let bound = 64 * 1024 + 4 * LIMIT + h2_streams_bound(kind);
+        assert!(
+            once <= bound && four_times <= bound,
+            "kind {kind}: {once} / {four_times} > {bound}"
         );
     }
 }

@@ -213,6 +213,7 @@ fn causes(stalls: &[Stall]) -> String {
     push(sum(|s| s.queue_ms), "queue".into());
     push(sum(|s| s.prefill_ms), "prefill".into());
     push(sum(|s| s.gpu_sync_ms), "GPU sync".into());
+    push(sum(|s| s.flow_control_ms), "HTTP/2 flow control".into());
     let off_cpu_reason = stalls
         .iter()
         .filter(|s| s.off_cpu_ms > 0.0)
@@ -487,6 +488,7 @@ mod tests {
             queue_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms,
+            flow_control_ms: 0.0,
             off_cpu_ms,
             off_cpu_reason: reason.map(str::to_string),
             socket_ms: 0.0,

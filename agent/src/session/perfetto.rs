@@ -190,6 +190,7 @@ pub fn main_cause(stall: &Stall) -> &'static str {
         ("queue", stall.queue_ms),
         ("prefill", stall.prefill_ms),
         ("GPU sync", stall.gpu_sync_ms),
+        ("flow control", stall.flow_control_ms),
         ("off-CPU", stall.off_cpu_ms),
         ("unexplained", stall.unexplained_ms),
         ("socket", stall.socket_ms),

@@ -41,7 +41,7 @@ use crate::event::{Event, MonoNs};
 
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
-pub use h2::FrameError;
+pub use h2::{FrameError, MAX_STREAMS as H2_MAX_STREAMS};
 pub use http::HeadError;
 pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
 

@@ -57,7 +57,14 @@ pub(crate) fn looks_like_frames(bytes: &[u8], truncated: bool) -> bool {
 
 /// Most streams tracked at once on one connection; HEADERS for more are a
 /// parse error (servers advertise 100-1000 in SETTINGS_MAX_CONCURRENT_STREAMS).
-pub(crate) const MAX_STREAMS: usize = 4096;
+pub const MAX_STREAMS: usize = 1024;
+
+/// Most bytes one stream keeps of a body prefix or an SSE event. A stream
+/// gets the connection's buffer limit shared by the streams open when it
+/// starts, within these bounds, so a connection holds about its limit
+/// whatever the number of streams (and at most `MAX_STREAMS` times the
+/// floor).
+const STREAM_BUFFER: std::ops::RangeInclusive<usize> = 1024..=16 * 1024;
 
 /// Most bytes of one header block kept for HPACK (bigger blocks lose their
 /// labels and clear the decoder's table).
@@ -174,7 +181,8 @@ impl H2Conn {
         h2.last_opened = 1;
         h2.first_opened = Some(1);
         h2.windows.stream_opened(1, request.timeline.read_start);
-        h2.streams.insert(1, Stream::upgraded(request));
+        let stream_cap = cap.min(*STREAM_BUFFER.end());
+        h2.streams.insert(1, Stream::upgraded(request, stream_cap));
         h2
     }
 
@@ -493,7 +501,11 @@ impl H2Conn {
             ingress: io.ingress,
         };
         self.windows.stream_opened(id, io.ts);
-        let stream = Stream::open(self.conn, id, start, setup, self.cap);
+        let share = self.cap / (self.streams.len() + 1);
+        let cap = share
+            .clamp(*STREAM_BUFFER.start(), *STREAM_BUFFER.end())
+            .min(self.cap);
+        let stream = Stream::open(self.conn, id, start, setup, cap);
         self.streams.insert(id, stream);
     }
 
@@ -549,7 +561,7 @@ impl H2Conn {
                     self.untracked_stream(id, sink);
                     return;
                 };
-                s.response_headers(labels, len, self.cap);
+                s.response_headers(labels, len);
                 if end_stream {
                     self.finish_stream(id, ts, None, finished);
                 }

@@ -32,6 +32,8 @@ pub(crate) struct Stream {
     /// The current response DATA frame carried bytes (for `chunked`
     /// bodies a chunk is one non-empty DATA frame).
     frame_had_data: bool,
+    /// Most bytes kept of a body prefix or an SSE event.
+    cap: usize,
 }
 
 impl Stream {
@@ -63,12 +65,13 @@ impl Stream {
             body: Body::Pending,
             request_prefix: Some(BodyPrefix::new(cap)),
             frame_had_data: false,
+            cap,
         }
     }
 
     /// Stream 1 of an `h2c` upgrade: the HTTP/1.1 request that asked for
     /// it, answered over HTTP/2.
-    pub(crate) fn upgraded(mut ex: Exchange) -> Self {
+    pub(crate) fn upgraded(mut ex: Exchange, cap: usize) -> Self {
         let tl = &mut ex.timeline;
         tl.protocol = Protocol::H2;
         tl.stream_id = Some(1);
@@ -84,6 +87,7 @@ impl Stream {
             body: Body::Pending,
             request_prefix: None,
             frame_had_data: false,
+            cap,
         }
     }
 
@@ -141,7 +145,7 @@ impl Stream {
 
     /// A decoded server header block: the response head (unless interim),
     /// or the trailers.
-    pub(crate) fn response_headers(&mut self, labels: Labels, block_len: usize, cap: usize) {
+    pub(crate) fn response_headers(&mut self, labels: Labels, block_len: usize) {
         let tl = &mut self.ex.timeline;
         tl.response_bytes += block_len as u64;
         if labels.grpc_status.is_some() {
@@ -175,7 +179,7 @@ impl Stream {
         tl.body_kind = Some(kind);
         self.body = match kind {
             BodyKind::Grpc => Body::Grpc(MessageWalker::default()),
-            kind => Body::Content(Content::new(kind, cap)),
+            kind => Body::Content(Content::new(kind, self.cap)),
         };
     }
 
