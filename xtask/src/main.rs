@@ -11,6 +11,9 @@
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server;
 //!   `bench replay`: userspace cost per event on generated records
 //! - `fuzz`    the property-based fuzz targets for `--minutes N` (default 1)
+//! - `soak`    `--minutes N` (default 30) of steady streaming load on the
+//!   agent, the OTLP collector down 60 s of every 5 min, then an agent
+//!   SIGKILL and server restarts; a pass/fail report (not in CI)
 //! - `gpu-check` a real CUDA program (PyTorch) under the agent: real CUDA
 //!   launches and syncs must arrive (needs a GPU; CI has none)
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
@@ -21,6 +24,7 @@ mod deps;
 mod fuzz;
 mod gpu_check;
 mod native;
+mod soak;
 mod stress;
 mod util;
 
@@ -56,10 +60,11 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
         }
         "bench" => bench::run(rest),
         "fuzz" => fuzz::run(rest),
+        "soak" => soak::run(rest),
         "gpu-check" => gpu_check::run(),
         "vmlinux" => deps::vmlinux(),
         other => bail!(
-            "unknown task {other:?}; tasks: deps, demo, native, test, bench, fuzz, gpu-check, vmlinux"
+            "unknown task {other:?}; tasks: deps, demo, native, test, bench, fuzz, soak, gpu-check, vmlinux"
         ),
     }
 }
@@ -68,7 +73,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
         eprintln!(
-            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|fuzz [--minutes N]|gpu-check|vmlinux> [args]"
+            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|fuzz [--minutes N]|soak [--minutes N]|gpu-check|vmlinux> [args]"
         );
         return ExitCode::from(2);
     };

@@ -1,0 +1,252 @@
+//! The soak's OTLP backend: rotel (PyPI `rotel`, a Rust OpenTelemetry
+//! collector), run as tests/otel_export.rs runs it, printing every span it
+//! decoded (`--debug-log traces --debug-log-verbosity detailed`). Its output
+//! is read as it comes: every span is counted and the trace id of every
+//! SERVER span kept, across all of the collector's lives (it is taken down
+//! and started again on the same port).
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+/// What every collector life received, together.
+#[derive(Default)]
+pub struct Seen {
+    pub spans: AtomicU64,
+    pub server_traces: Mutex<HashSet<String>>,
+}
+
+impl Seen {
+    pub fn has_trace(&self, trace: &str) -> bool {
+        self.server_traces
+            .lock()
+            .map(|s| s.contains(trace))
+            .unwrap_or(false)
+    }
+}
+
+/// rotel's binary, inside the `rotel` Python package.
+pub fn binary(python: &Path) -> Result<PathBuf> {
+    let out = Command::new(python)
+        .args([
+            "-c",
+            "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
+        ])
+        .output()
+        .with_context(|| format!("running {}", python.display()))?;
+    if !out.status.success() {
+        bail!(
+            "the rotel collector is not installed (`cargo xtask deps` installs rotel==0.0.1a15): {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+/// A running collector.
+pub struct Collector {
+    child: Child,
+    readers: Vec<JoinHandle<()>>,
+    pid_file: PathBuf,
+}
+
+impl Collector {
+    /// Starts rotel on the given ports and waits until gRPC accepts.
+    pub fn start(
+        bin: &Path,
+        grpc_port: u16,
+        http_port: u16,
+        seen: &Arc<Seen>,
+    ) -> Result<Collector> {
+        let pid_file = std::env::temp_dir().join(format!("tokentrace-soak-rotel-{grpc_port}.pid"));
+        let mut child = Command::new(bin)
+            .args(["start", "--exporter", "blackhole"])
+            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc_port}")])
+            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http_port}")])
+            .args(["--debug-log", "traces", "--debug-log-verbosity", "detailed"])
+            // Printed as received: nothing acknowledged is still in a batch
+            // when the collector is taken down.
+            .arg("--disable-batching")
+            .arg("--pid-file")
+            .arg(&pid_file)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        let mut readers = Vec::new();
+        let streams: [Option<Box<dyn Read + Send>>; 2] = [
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn Read + Send>),
+        ];
+        for stream in streams.into_iter().flatten() {
+            let seen = Arc::clone(seen);
+            readers.push(thread::spawn(move || {
+                let mut parser = SpanParser::default();
+                for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                    parser.line(&line, &seen);
+                }
+                parser.finish(&seen);
+            }));
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
+            if let Some(st) = child.try_wait()? {
+                bail!("rotel exited ({st}) before listening on {grpc_port}");
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("rotel is not listening on {grpc_port} after 20 s");
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        Ok(Collector {
+            child,
+            readers,
+            pid_file,
+        })
+    }
+
+    /// Takes the collector down (SIGTERM, SIGKILL after 10 s) and reads its
+    /// output to the end.
+    pub fn stop(mut self) -> Result<()> {
+        crate::util::status("kill", &["-TERM", &self.child.id().to_string()])?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.child.try_wait()?.is_none() {
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.wait();
+        for r in self.readers.drain(..) {
+            let _ = r.join();
+        }
+        let _ = std::fs::remove_file(&self.pid_file);
+        Ok(())
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Streaming reader of rotel's detailed span output: `Span #N` opens a
+/// span, `Trace ID : x` and `Kind : SPAN_KIND_SERVER` describe it,
+/// attribute lines start with `->`.
+#[derive(Default)]
+struct SpanParser {
+    in_spans: bool,
+    open: bool,
+    trace: Option<String>,
+    server: bool,
+}
+
+impl SpanParser {
+    fn line(&mut self, line: &str, seen: &Seen) {
+        let t = line.trim();
+        if t.starts_with("ResourceSpans #") {
+            self.finish(seen);
+            self.in_spans = true;
+            return;
+        }
+        if t.starts_with("ResourceMetrics #") || t.starts_with("ResourceLogs #") {
+            self.finish(seen);
+            self.in_spans = false;
+            return;
+        }
+        if !self.in_spans || t.starts_with("->") {
+            return;
+        }
+        if t.starts_with("Span #") {
+            self.finish(seen);
+            self.open = true;
+            return;
+        }
+        let value = |prefix: &str| {
+            t.strip_prefix(prefix)
+                .map(|r| r.trim_start_matches([' ', ':']).trim().to_string())
+        };
+        if let Some(v) = value("Trace ID") {
+            self.trace = Some(v);
+        } else if let Some(v) = value("Kind") {
+            self.server = v == "SPAN_KIND_SERVER";
+        }
+    }
+
+    fn finish(&mut self, seen: &Seen) {
+        if self.open {
+            seen.spans.fetch_add(1, Ordering::Relaxed);
+            if let (true, Some(trace)) = (self.server, self.trace.take()) {
+                if let Ok(mut s) = seen.server_traces.lock() {
+                    s.insert(trace);
+                }
+            }
+        }
+        self.open = false;
+        self.trace = None;
+        self.server = false;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spans_are_counted_and_server_trace_ids_kept() {
+        let text = "\
+ResourceSpans #0
+Resource attributes:
+     -> service.name: Str(python3)
+ScopeSpans #0
+Span #0
+    Trace ID       : 00000000000000010000000000000002
+    Parent ID      : 0000000000000003
+    ID             : 1111111111111111
+    Name           : POST /v1/chat/completions
+    Kind           : SPAN_KIND_SERVER
+Attributes:
+     -> Kind: Str(not a field)
+Span #1
+    Trace ID       : 00000000000000010000000000000002
+    Kind           : SPAN_KIND_INTERNAL
+ResourceMetrics #0
+Span #9
+    Trace ID       : ffff
+    Kind           : SPAN_KIND_SERVER
+ResourceSpans #1
+Span #0
+    Kind           : SPAN_KIND_SERVER
+    Trace ID       : 00000000000000010000000000000009
+";
+        let seen = Seen::default();
+        let mut p = SpanParser::default();
+        for l in text.lines() {
+            p.line(l, &seen);
+        }
+        p.finish(&seen);
+        assert_eq!(seen.spans.load(Ordering::Relaxed), 3);
+        assert!(seen.has_trace("00000000000000010000000000000002"));
+        assert!(seen.has_trace("00000000000000010000000000000009"));
+        assert!(!seen.has_trace("ffff"), "a metrics section holds no spans");
+    }
+}
