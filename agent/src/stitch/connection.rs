@@ -171,15 +171,8 @@ impl Connection {
         if self.role != Role::Server {
             return;
         }
-        if self.h2.is_none()
-            && self.adopted
-            && self.exchanges.opened() == 0
-            && h2::looks_like_frames(io.known, io.is_truncated())
-        {
-            // A connection that predates tracing, caught between frames.
-            sink.h2_connection();
-            let limits = (self.limits.cap, Arc::clone(&self.limits.id_headers));
-            self.h2 = Some(Box::new(H2Conn::midstream(self.id, limits.0, limits.1)));
+        if self.h2.is_none() && self.exchanges.opened() == 0 {
+            self.detect_h2(ev.direction, &io, sink);
         }
         if self.h2.is_some() {
             self.on_h2_data(ev.direction, &io, sink);
@@ -239,18 +232,29 @@ impl Connection {
             sink.client_connection();
             return Role::Client;
         }
-        if direction == Direction::Ingress && h2::begins_with_preface(known) {
-            sink.h2_connection();
-            let setup = self.exchanges.setup;
-            let ids = Arc::clone(&self.limits.id_headers);
-            self.h2 = Some(Box::new(H2Conn::with_preface(
-                self.id,
-                setup,
-                self.limits.cap,
-                ids,
-            )));
-        }
         Role::Server
+    }
+
+    /// Whether a server connection with no HTTP/1.1 request yet is HTTP/2:
+    /// its client preface is read (also over TLS: ALPN `h2`); or the server
+    /// writes frames first (its SETTINGS may precede the client's preface,
+    /// RFC 9113 §3.4: grpcio does this); or, on a connection that predates
+    /// tracing, a syscall is a chain of frames.
+    fn detect_h2(&mut self, direction: Direction, io: &Io<'_>, sink: &mut Sink<'_>) {
+        let frames = || h2::looks_like_frames(io.known, io.is_truncated());
+        let ids = Arc::clone(&self.limits.id_headers);
+        let cap = self.limits.cap;
+        let conn = if direction == Direction::Ingress && h2::begins_with_preface(io.known) {
+            H2Conn::with_preface(self.id, self.exchanges.setup, cap, ids)
+        } else if self.adopted && frames() {
+            H2Conn::midstream(self.id, cap, ids)
+        } else if direction == Direction::Egress && frames() {
+            H2Conn::with_preface(self.id, self.exchanges.setup, cap, ids)
+        } else {
+            return;
+        };
+        sink.h2_connection();
+        self.h2 = Some(Box::new(conn));
     }
 
     /// `101` + `Upgrade: h2c` was written: the request at the front of the

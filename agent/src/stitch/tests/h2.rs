@@ -451,3 +451,24 @@ fn garbage_after_the_preface_never_panics_and_keeps_memory_bounded() {
         }
     }
 }
+
+#[test]
+fn a_server_that_sends_its_settings_before_reading_the_preface_is_http2() {
+    // grpcio writes SETTINGS and a WINDOW_UPDATE as soon as it accepts.
+    let mut sim = Sim::new();
+    let mut w = frame(SETTINGS, 0, 0, &[0, 4, 0, 0x40, 0, 0]);
+    w.extend(frame(WINDOW_UPDATE, 0, 0, &[0, 0x3f, 0, 1]));
+    sim.write(5, w);
+    let mut r = client_start();
+    r.extend(grpc_request(1, "early"));
+    sim.read_at(8, 10, r);
+    sim.write(20, grpc_response_headers(1));
+    sim.write(30, frame(DATA, 0, 1, &grpc_message(b"t")));
+    sim.write(40, grpc_trailers(1, "0"));
+    let t = sim.one();
+    assert_eq!(t.request_id(), Some("early"));
+    assert_eq!(t.chunk_ts, vec![30]);
+    assert_eq!(t.request_start, 8);
+    assert_eq!(sim.st.stats().parse_errors, 0);
+    assert_eq!(sim.st.stats().h2_connections, 1);
+}
