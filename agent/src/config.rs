@@ -88,6 +88,10 @@ fn default_endpoints() -> Vec<String> {
         "/api/generate",
         "/api/chat",
         "/invocations",
+        // gRPC (the path is /package.Service/Method): Triton and KServe v2
+        // (ModelInfer, ModelStreamInfer), TGI's text generation service.
+        "/inference.GRPCInferenceService",
+        "/generate.v2.TextGenerationService",
     ]
     .map(String::from)
     .to_vec()
