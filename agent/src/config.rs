@@ -10,14 +10,17 @@ use thiserror::Error;
 /// The configuration compiled into the binary.
 pub const DEFAULT_CONFIG: &str = include_str!("../config/default.yaml");
 
+/// Messages name what failed, not why: the cause is the error's `source`,
+/// which the binary prints after it (`{:#}`), so embedding its text too
+/// would print it twice.
 #[derive(Debug, Error)]
 pub enum ConfigError {
-    #[error("reading config file {path}: {source}")]
+    #[error("reading config file {path}")]
     Read {
         path: String,
         source: std::io::Error,
     },
-    #[error("parsing config {origin}: {source}")]
+    #[error("parsing config {origin}")]
     Parse {
         origin: String,
         source: serde_yaml::Error,
@@ -297,6 +300,22 @@ mod tests {
         assert!(
             unknown.is_err(),
             "a misspelt key must be an error, not ignored"
+        );
+    }
+
+    #[test]
+    fn a_config_error_states_its_cause_once() {
+        let err = Config::load(Some(Path::new("/nonexistent/tokentrace.yaml")))
+            .expect_err("no such file");
+        let shown = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(
+            shown.matches("No such file or directory").count(),
+            1,
+            "{shown}"
+        );
+        assert!(
+            shown.starts_with("reading config file /nonexistent/tokentrace.yaml: "),
+            "{shown}"
         );
     }
 }

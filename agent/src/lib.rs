@@ -22,3 +22,4 @@ pub mod probes;
 pub mod run;
 pub mod session;
 pub mod stitch;
+pub mod units;

@@ -14,7 +14,7 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::discover::libraries::{FileChange, ProbedFiles, UprobeScope};
 use crate::discover::{Change, EndpointMatcher, Selector, Tracker};
-use crate::event::{Event, MonoNs};
+use crate::event::Event;
 use crate::explain::Explainer;
 use crate::export::{AgentCounters, Exporter};
 use crate::ingest::{Ingest, ProbeCommand};
@@ -22,6 +22,7 @@ use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
 use crate::session::SessionHub;
 use crate::stitch::{RequestTimeline, Stitcher};
+use crate::units::monotonic_now;
 
 const PROC: &str = "/proc";
 /// How often idle connections are swept.
@@ -32,17 +33,6 @@ const EVENT_CHANNEL_BATCHES: usize = 1024;
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long queued spans and a last metrics push may take at exit.
 const EXPORT_GRACE: Duration = Duration::from_secs(5);
-
-/// The kernel's CLOCK_MONOTONIC, the clock of every event timestamp.
-pub fn monotonic_now() -> MonoNs {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
-}
 
 fn selector(args: &RunArgs) -> Result<Selector> {
     let regex = |flag: &str, pattern: &Option<String>| -> Result<Option<Regex>> {
@@ -273,6 +263,12 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         config.capture.bytes = bytes;
     }
     config.validate()?;
+    // Everything the user can get wrong is checked before anything starts
+    // (exporter, control endpoint, probes).
+    let selector = selector(&args)?;
+    if let Some(pid) = selector.missing_pid(Path::new(PROC)) {
+        bail!("--pid {pid}: no such process");
+    }
     let export = crate::export::resolve(&config.export, &args.export, &|k| std::env::var(k).ok())
         .map_err(anyhow::Error::msg)?;
     let mut exporter = Exporter::start(export).await.map_err(anyhow::Error::msg)?;
@@ -290,7 +286,6 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
 
     let agent_pid = std::process::id();
     let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
-    let selector = selector(&args)?;
     let report_all_execs = selector.exe.is_some() || selector.comm.is_some();
     let report_listens = selector.is_automatic() || !selector.ports.is_empty();
     let mut tracker = Tracker::new(

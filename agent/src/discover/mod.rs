@@ -83,10 +83,8 @@ impl Tracker {
 
     /// Processes already running that the selector picks.
     pub fn initial_scan(&mut self, proc_root: &Path) -> Result<Vec<u32>> {
-        for &pid in &self.selector.pids {
-            if !proc_root.join(pid.to_string()).is_dir() {
-                bail!("--pid {pid}: no such process");
-            }
+        if let Some(pid) = self.selector.missing_pid(proc_root) {
+            bail!("--pid {pid}: no such process");
         }
         let mut picked: Vec<u32> = self.selector.pids.clone();
         if self.selector.is_automatic() || !self.selector.ports.is_empty() {

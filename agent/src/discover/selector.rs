@@ -33,6 +33,14 @@ impl Selector {
     }
 
     /// Whether listening on `port` selects a process.
+    /// The first `--pid` that names no process under `proc_root`.
+    pub fn missing_pid(&self, proc_root: &std::path::Path) -> Option<u32> {
+        self.pids
+            .iter()
+            .copied()
+            .find(|pid| !proc_root.join(pid.to_string()).is_dir())
+    }
+
     pub fn matches_port(&self, port: u16) -> bool {
         self.ports.contains(&port)
     }

@@ -19,8 +19,8 @@ use foldhash::{HashMap, HashSet};
 pub use stall::Stall;
 
 use crate::event::{ConnId, Direction, Event, LlmProbe, MonoNs};
-use crate::output::ms;
 use crate::stitch::RequestTimeline;
+use crate::units::ms;
 use history::{Ends, History};
 use intervals::Intervals;
 

@@ -31,8 +31,9 @@ use super::clock::WallClock;
 use super::context::{IdGenerator, RemoteParent};
 use super::resource::{kv_bool, kv_f64, kv_int, kv_str, kv_str_array};
 use crate::event::MonoNs;
-use crate::output::{ms, JsonTimeline};
+use crate::output::JsonTimeline;
 use crate::stitch::{Protocol, RequestTimeline};
+use crate::units::ms;
 
 /// `SpanFlags`: the span's flags say whether its parent is remote.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;

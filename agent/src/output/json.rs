@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use super::{ms, percentile};
 use crate::stitch::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
+use crate::units::{ms, percentile};
 
 #[derive(Debug, Serialize)]
 pub struct JsonTimeline<'a> {

@@ -10,9 +10,9 @@ use std::fmt;
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
-use super::ms;
 use crate::event::Event;
 use crate::stitch::{RequestTimeline, StitchStats};
+use crate::units::ms;
 
 /// Largest latency kept exactly; longer ones count as this (an hour-long
 /// "stream" is a stuck connection, not a latency).
@@ -285,7 +285,7 @@ impl fmt::Display for RunSummary {
 mod tests {
     use super::*;
     use crate::event::{CudaSyncCall, CudaSyncEvent};
-    use crate::output::percentile;
+    use crate::units::percentile;
 
     #[test]
     fn histogram_percentiles_match_the_exact_samples_to_the_printed_digit() {

@@ -1,8 +1,8 @@
 //! The default output: one readable line per request.
 
-use super::{ms, percentile};
 use crate::explain::Stall;
 use crate::stitch::{Protocol, RequestTimeline};
+use crate::units::{ms, percentile};
 
 fn fmt_ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".to_string(), |ns| format!("{:.1}ms", ms(ns)))

@@ -17,8 +17,8 @@ use super::core::{Profile, Recording};
 use super::csv::rfc3339;
 use super::perfetto::request_label;
 use crate::explain::Stall;
-use crate::output::{ms, percentile};
 use crate::stitch::RequestTimeline;
+use crate::units::{ms, percentile};
 
 const TEMPLATE: &str = include_str!("assets/report.html");
 const CSS: &str = include_str!("assets/report.css");

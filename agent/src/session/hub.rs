@@ -33,8 +33,8 @@ use crate::config::ExplainConfig;
 use crate::discover::{procfs, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
 use crate::export::WallClock;
-use crate::run::monotonic_now;
 use crate::stitch::StitchConfig;
+use crate::units::monotonic_now;
 
 /// Sessions running at once.
 pub const MAX_RUNNING: usize = 4;

@@ -23,8 +23,8 @@ use super::core::{Recording, SliceKind};
 use super::csv::rfc3339;
 use crate::event::{Direction, IoCall, MonoNs};
 use crate::explain::Stall;
-use crate::output::ms;
 use crate::stitch::RequestTimeline;
+use crate::units::ms;
 
 /// Process id of the synthetic "Requests" process. Above any real pid
 /// (`pid_max` is at most 2^22).

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::output::{ms, percentile};
+use crate::units::{ms, percentile};
 
 /// A snapshot of a running (or finished) session.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
