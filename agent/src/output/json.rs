@@ -154,3 +154,51 @@ impl<'a> JsonTimeline<'a> {
         serde_json::to_string(self).unwrap_or_else(|err| format!("{{\"error\":\"{err}\"}}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http2_fields_are_present_on_every_line_and_null_for_http1() {
+        let h1 = RequestTimeline::default();
+        let v: serde_json::Value =
+            serde_json::from_str(&JsonTimeline::new(&h1).to_line()).expect("json");
+        assert_eq!(v["protocol"], "http/1.1");
+        for key in [
+            "stream_id",
+            "grpc_status",
+            "rpc_system",
+            "rpc_service",
+            "flow_control_ms",
+        ] {
+            assert!(v[key].is_null(), "{key}: {v}");
+        }
+        assert_eq!(v["chunks_exact"], true);
+
+        let grpc = RequestTimeline {
+            protocol: Protocol::Grpc,
+            stream_id: Some(3),
+            path: "/inference.GRPCInferenceService/ModelStreamInfer".into(),
+            body_kind: Some(BodyKind::Grpc),
+            grpc_status: Some(8),
+            grpc_message_bytes: Some(17),
+            chunks_inexact: true,
+            chunk_ts: vec![5, 9],
+            ..RequestTimeline::default()
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&JsonTimeline::new(&grpc).to_line()).expect("json");
+        assert_eq!(v["protocol"], "grpc");
+        assert_eq!(v["body"], "grpc");
+        assert_eq!(v["stream_id"], 3);
+        assert_eq!(v["grpc_status"], 8);
+        assert_eq!(v["grpc_message_bytes"], 17);
+        assert_eq!(v["rpc_system"], "grpc");
+        assert_eq!(v["rpc_service"], "inference.GRPCInferenceService");
+        assert_eq!(v["rpc_method"], "ModelStreamInfer");
+        assert_eq!(v["chunks_exact"], false);
+        assert_eq!(v["flow_control_ms"], 0.0);
+        assert_eq!(v["chunks"], 2);
+    }
+}

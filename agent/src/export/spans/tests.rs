@@ -416,3 +416,51 @@ fn operation_names_follow_the_endpoint() {
     assert_eq!(operation_name("/v1/embeddings"), Some("embeddings"));
     assert_eq!(operation_name("/health"), None);
 }
+
+#[test]
+fn grpc_streams_carry_rpc_attributes_and_failed_calls_are_errors() {
+    let mut t = sse();
+    t.protocol = crate::stitch::Protocol::Grpc;
+    t.stream_id = Some(7);
+    t.path = "/tokentrace.test.Streamer/Generate".into();
+    t.body_kind = Some(BodyKind::Grpc);
+    t.grpc_status = Some(0);
+    t.flow_control_waits = vec![(t.request_start, t.request_start + 3 * MS)];
+    let spans = timeline_spans(&t, &clock(), &mut IdGenerator::with_seed(1), &settings());
+    let s = &spans[0];
+    let str_ = |v: &str| Some(Value::StringValue(v.into()));
+    let int = |v: i64| Some(Value::IntValue(v));
+    assert_eq!(attr(s, "protocol").cloned(), str_("grpc"));
+    assert_eq!(attr(s, "network.protocol.version").cloned(), str_("2"));
+    assert_eq!(attr(s, "rpc.system").cloned(), str_("grpc"));
+    assert_eq!(
+        attr(s, "rpc.service").cloned(),
+        str_("tokentrace.test.Streamer")
+    );
+    assert_eq!(attr(s, "rpc.method").cloned(), str_("Generate"));
+    assert_eq!(attr(s, "grpc.status").cloned(), int(0));
+    assert_eq!(attr(s, "rpc.grpc.status_code").cloned(), int(0));
+    assert_eq!(attr(s, "tokentrace.h2.stream_id").cloned(), int(7));
+    assert_eq!(
+        attr(s, "tokentrace.flow_control_ms").cloned(),
+        Some(Value::DoubleValue(3.0))
+    );
+    assert_eq!(attr(s, "tokentrace.body").cloned(), str_("grpc"));
+    assert!(attr(s, "error.type").is_none());
+    // UNAVAILABLE is a server error; NOT_FOUND (5) is the caller's.
+    t.grpc_status = Some(14);
+    let spans = timeline_spans(&t, &clock(), &mut IdGenerator::with_seed(1), &settings());
+    assert_eq!(attr(&spans[0], "error.type").cloned(), str_("14"));
+    t.grpc_status = Some(5);
+    let spans = timeline_spans(&t, &clock(), &mut IdGenerator::with_seed(1), &settings());
+    assert!(attr(&spans[0], "error.type").is_none());
+    // HTTP/1.1 spans say so and carry none of this.
+    let spans = timeline_spans(
+        &sse(),
+        &clock(),
+        &mut IdGenerator::with_seed(1),
+        &settings(),
+    );
+    assert_eq!(attr(&spans[0], "protocol").cloned(), str_("http/1.1"));
+    assert!(attr(&spans[0], "rpc.system").is_none());
+}
