@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub mod h2;
 pub mod tls;
 
 /// Panics unless running as root: these tests load eBPF programs. They must
