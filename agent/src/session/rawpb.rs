@@ -1030,8 +1030,8 @@ mod tests {
         std::env::temp_dir().join(format!("tt-rawpb-{}-{name}", std::process::id()))
     }
 
-    #[test]
-    fn every_event_kind_round_trips() {
+    /// One event of every kind, with every optional field set somewhere.
+    fn every_kind() -> Vec<event::Event> {
         let mut events = sse_exchange(1_100_000_000, 2, "/v1/chat/completions");
         events.push(event::Event::Exec(event::ProcEvent {
             pid: 5,
@@ -1143,6 +1143,12 @@ mod tests {
                 unsent_bytes: 12,
             });
         }
+        events
+    }
+
+    #[test]
+    fn every_event_kind_round_trips() {
+        let events = every_kind();
         for e in &events {
             let back = event::Event::try_from(Event::from(e)).expect("decode");
             assert_eq!(&back, e);
@@ -1218,5 +1224,64 @@ mod tests {
         assert!(result.is_err(), "a cut record is reported");
         assert!(RawReader::new(&b"not a raw file"[..]).is_err());
         let _ = std::fs::remove_file(&p);
+    }
+
+    /// `testdata/raw-v1.pb` was written by the hand-written prost mirror
+    /// of `raw.proto` that preceded the generated types (every event kind,
+    /// a tick, the finish record and a profile): files recorded by older
+    /// agents must keep reading the same.
+    #[test]
+    fn a_file_written_by_an_earlier_agent_still_reads() {
+        let fixture = include_bytes!("testdata/raw-v1.pb");
+        let mut r = RawReader::new(&fixture[..]).expect("magic");
+        let mut kinds = Vec::new();
+        while let Some(k) = r.next_record().expect("record") {
+            kinds.push(k);
+        }
+        let want = every_kind();
+        assert_eq!(kinds.len(), 1 + want.len() + 3);
+        match &kinds[0] {
+            record::Kind::Header(h) => assert_eq!(
+                h.meta(),
+                RecordingMeta {
+                    ended_ns: meta().started_ns,
+                    ..meta()
+                }
+            ),
+            other => panic!("first record {other:?}"),
+        }
+        for (k, want) in kinds[1..=want.len()].iter().zip(&want) {
+            let record::Kind::Event(e) = k else {
+                panic!("expected an event, got {k:?}");
+            };
+            assert_eq!(&event::Event::try_from(e.clone()).expect("decode"), want);
+        }
+        let rest = &kinds[want.len() + 1..];
+        assert!(matches!(rest[0], record::Kind::Tick(Tick { now_ns: 1_500_000_000 })));
+        assert!(matches!(
+            rest[1],
+            record::Kind::Finish(Finish {
+                now_ns: 2_000_000_000,
+                events_dropped: 4,
+                samples_dropped: 1,
+                profiled: true,
+            })
+        ));
+        match &rest[2] {
+            record::Kind::Profile(p) => assert_eq!(
+                CoreProfile::from(p.clone()),
+                CoreProfile {
+                    frequency_hz: 99,
+                    stacks: vec![vec!["main".into(), "generate".into()]],
+                    samples: vec![CpuSample {
+                        ts: 1,
+                        pid: 2,
+                        tid: 3,
+                        stack: 0,
+                    }],
+                }
+            ),
+            other => panic!("last record {other:?}"),
+        }
     }
 }
