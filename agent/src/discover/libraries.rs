@@ -141,15 +141,31 @@ fn executable_mappings(proc_root: &Path, pid: u32) -> Vec<String> {
     let mut paths: Vec<String> = maps
         .lines()
         .filter_map(|line| {
-            let mut fields = line.split_whitespace();
-            let perms = fields.nth(1)?;
-            let path = fields.nth(3)?;
+            let (perms, path) = maps_line(line)?;
             (perms.contains('x') && path.starts_with('/')).then(|| path.to_string())
         })
         .collect();
     paths.sort();
     paths.dedup();
     paths
+}
+
+/// `(perms, pathname)` of one `/proc/PID/maps` line. The pathname is
+/// everything after the fifth field, spaces included (a file under
+/// `/opt/My Models/` is one path); a file replaced on disk keeps its old
+/// mapping with ` (deleted)` appended, which is not part of the path.
+fn maps_line(line: &str) -> Option<(&str, &str)> {
+    // address, perms, offset, dev, inode
+    let mut fields = [""; 5];
+    let mut rest = line;
+    for field in &mut fields {
+        rest = rest.trim_start();
+        let end = rest.find(char::is_whitespace)?;
+        (*field, rest) = rest.split_at(end);
+    }
+    let path = rest.trim_start();
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    (!path.is_empty()).then_some((fields[1], path))
 }
 
 fn file_name(path: &str) -> &str {
@@ -640,5 +656,27 @@ mod tests {
                 .any(|c| matches!(c, FileChange::Attach { file, .. } if file.key == lib.key)),
             "libssl already attached for every process: {global_second:?}"
         );
+    }
+
+    #[test]
+    fn maps_lines_keep_paths_with_spaces_whole() {
+        assert_eq!(
+            maps_line(
+                "7f2c1000-7f2c2000 r-xp 00001000 fd:01 1234    /opt/My Models/lib/libssl.so.3"
+            ),
+            Some(("r-xp", "/opt/My Models/lib/libssl.so.3"))
+        );
+        assert_eq!(
+            maps_line(
+                "7f2c1000-7f2c2000 r-xp 00001000 fd:01 1234 /usr/lib/libcudart.so.12 (deleted)"
+            ),
+            Some(("r-xp", "/usr/lib/libcudart.so.12"))
+        );
+        assert_eq!(
+            maps_line("7ffd1000-7ffd2000 rw-p 00000000 00:00 0                          [stack]"),
+            Some(("rw-p", "[stack]"))
+        );
+        assert_eq!(maps_line("7f2c1000-7f2c2000 rw-p 00000000 00:00 0"), None);
+        assert_eq!(maps_line("garbage"), None);
     }
 }
