@@ -812,7 +812,7 @@ int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 	if (!st)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	release_hold(st, now);
+	release_hold(st, sk, now);
 	note_ingress(st, sk, skb, now);
 	return 0;
 }
@@ -834,6 +834,7 @@ int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
 			.established_ns = bpf_ktime_get_ns(),
 			.est_rcv_nxt = BPF_CORE_READ((struct tcp_sock *)sk, rcv_nxt),
 		};
+		bpf_map_delete_elem(&send_holds, &key); /* see own_sock */
 		bpf_map_update_elem(&sock_states, &key, &fresh, BPF_ANY);
 		return 0;
 	}
@@ -858,13 +859,17 @@ int BPF_PROG(on_tcp_reset, struct sock *sk)
 	return 0;
 }
 
-/* The kernel frees the socket: its state goes with it (one delete, which
- * is one lookup for an untraced socket). */
+/* The kernel frees the socket: its state and any hold go with it, so a
+ * `struct sock` reused at the same address starts clean (one lookup for an
+ * untraced socket: only traced ones have either). */
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(on_tcp_destroy, struct sock *sk)
 {
 	__u64 key = (__u64)sk;
 
+	if (!bpf_map_lookup_elem(&sock_states, &key))
+		return 0;
+	bpf_map_delete_elem(&send_holds, &key);
 	bpf_map_delete_elem(&sock_states, &key);
 	return 0;
 }

@@ -8,8 +8,11 @@
  *   host, so the read that consumes a request's first byte can report when
  *   the request arrived, not when the server got around to reading it;
  * - when a passively opened connection became ESTABLISHED (accept wait);
- * - who owns it (tgid, fd, inode), for records sent from softirq context;
- * - the Nagle hold: bytes a write left unsent until an ACK released them.
+ * - who owns it (tgid, fd, inode), for records sent from softirq context.
+ *
+ * The Nagle hold (bytes a write left unsent until an incoming segment
+ * released them) has its own map, `send_holds`, also keyed by the socket:
+ * see note_unsent.
  *
  * Cost model: every hook starts with ONE lookup in `sock_states`, keyed by
  * the `struct sock *`; a socket nobody traces has no entry and the hook
@@ -23,8 +26,10 @@
  * Consistency without locks: the ingress segments are written only by the
  * tcp_probe hook, which the kernel serialises per socket (softirq under the
  * socket spinlock, or backlog processing by the lock owner); readers copy
- * and validate. The hold fields are set by writers and cleared by the hook,
- * as a plain flag (`hold_write_ts`).
+ * and validate. A hold is one `send_holds` entry, inserted whole by the
+ * writer (BPF_NOEXIST: of two writers racing on one socket exactly one
+ * wins), never changed after, and copied then deleted by the tcp_probe
+ * hook: no record mixes two writers' fields.
  */
 #ifndef TOKENTRACE_SOCK_STATE_BPF_H
 #define TOKENTRACE_SOCK_STATE_BPF_H
@@ -63,10 +68,6 @@ struct sock_state {
 	__u64 sock_ino;
 	__s32 fd;
 	__u32 _pad;
-	/* Nagle hold (see note_unsent); hold_write_ts = 0: none. */
-	__u64 hold_write_ts;
-	__u32 hold_tid;
-	__u32 hold_unsent;
 };
 
 struct {
@@ -75,6 +76,26 @@ struct {
 	__type(key, __u64); /* struct sock * */
 	__type(value, struct sock_state);
 } sock_states SEC(".maps");
+
+/* A send-queue hold: the first write since the last release that left
+ * bytes unsent on a traced socket. Written once (see note_unsent). */
+struct send_hold {
+	__u64 write_ts; /* entry of the write */
+	__u32 tid; /* the writer */
+	__u32 unsent; /* bytes unsent when it returned */
+	__u32 end_seq; /* write_seq then: the held bytes end before it */
+	__u32 _pad;
+};
+
+/* Holds of traced sockets, keyed by the `struct sock *`. An entry lives from
+ * the write to the next incoming segment on the socket (tcp_probe), or the
+ * socket's destruction; only sockets with an entry in `sock_states` get one. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 8192);
+	__type(key, __u64);
+	__type(value, struct send_hold);
+} send_holds SEC(".maps");
 
 /* Listening endpoints of traced processes: connections to them get state
  * from their first packet, before anyone accepts them. Filled by the agent
@@ -127,6 +148,9 @@ static __always_inline struct sock_state *own_sock(struct sock *sk, __u64 ino, i
 
 	if (!st) {
 		struct sock_state fresh = {};
+		/* A hold left by an earlier socket at this address whose state
+		 * the LRU evicted (so its destruction did not clear the hold). */
+		bpf_map_delete_elem(&send_holds, &key);
 		bpf_map_update_elem(&sock_states, &key, &fresh, BPF_NOEXIST);
 		st = bpf_map_lookup_elem(&sock_states, &key);
 		if (!st)
@@ -213,7 +237,16 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 }
 
 /* Bytes left unsent by a write, until an incoming ACK releases them: the
- * time Nagle (or a full window) held a token back. */
+ * time Nagle (or a full window) held a token back.
+ *
+ * Two threads may write one socket at once. The hold is inserted as one
+ * whole entry with BPF_NOEXIST, so exactly one of racing writers gets it
+ * (the other's bytes are behind the winner's, held as long or shorter), and
+ * an existing hold whose bytes still wait is kept: the first write whose
+ * bytes wait is the one that waits longest. The release (tcp_probe) copies
+ * and deletes it. A replaced entry is whole too (the map swaps elements);
+ * the one race left is a replacement between the release's copy and its
+ * delete, which loses the new hold (a hold not reported, never a wrong one). */
 static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, __u64 ts_enter,
 					struct tt_data_event *e)
 {
@@ -226,24 +259,51 @@ static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, 
 	/* TCP_NAGLE_OFF (1) is TCP_NODELAY; TCP_NAGLE_CORK (2) holds on purpose. */
 	e->tcp_nodelay = (nonagle & 1) ? 1 : 0;
 	e->unsent_bytes = unsent > (1u << 30) ? 0 : unsent;
-	if (e->unsent_bytes == 0 || !st || st->hold_write_ts)
+	if (e->unsent_bytes == 0 || !st)
 		return;
-	st->hold_tid = (__u32)bpf_get_current_pid_tgid();
-	st->hold_unsent = e->unsent_bytes;
-	st->hold_write_ts = ts_enter;
+	__u64 key = (__u64)sk;
+	struct send_hold h = {
+		.write_ts = ts_enter,
+		.tid = (__u32)bpf_get_current_pid_tgid(),
+		.unsent = e->unsent_bytes,
+		.end_seq = write_seq,
+	};
+	if (!bpf_map_update_elem(&send_holds, &key, &h, BPF_NOEXIST))
+		return;
+	/* A hold stands. Kept while its bytes wait (they wait longer than
+	 * ours); replaced when they already left with no segment coming in
+	 * (uncorked, pushed out by a full segment): else it would block every
+	 * later hold until the next segment, and the one it blocks is real. */
+	struct send_hold *old = bpf_map_lookup_elem(&send_holds, &key);
+	if (old && !seq_before(snd_nxt, old->end_seq))
+		bpf_map_update_elem(&send_holds, &key, &h, BPF_EXIST);
 }
 
 /* tcp_probe: the incoming segment's ACK releases held bytes (the held
  * segment goes out right after, in the same softirq). Runs in softirq
- * context, so the record's header comes from the writer. */
-static __always_inline void release_hold(struct sock_state *st, __u64 now)
+ * context, so the record's header comes from the writer.
+ *
+ * A hold whose bytes are no longer unsent when the segment comes ended
+ * before it, at a time nobody saw: a later write pushed them out in a full
+ * segment, the writer uncorked, or the ACK that sent them came between the
+ * writer's read of snd_nxt and its insert. It is dropped, not reported as
+ * lasting until this segment. */
+static __always_inline void release_hold(struct sock_state *st, struct sock *sk, __u64 now)
 {
-	__u64 write_ts = st->hold_write_ts;
+	__u64 key = (__u64)sk;
+	struct send_hold *held = bpf_map_lookup_elem(&send_holds, &key);
 
-	if (!write_ts)
+	if (!held)
 		return;
-	st->hold_write_ts = 0;
-	if (now - write_ts < hold_min_ns)
+	/* Entries are never written after insertion, and only this hook (one
+	 * at a time per socket) and the socket's destruction delete them: the
+	 * copy is one writer's. */
+	struct send_hold h = *held;
+	bpf_map_delete_elem(&send_holds, &key);
+	__u32 snd_nxt = BPF_CORE_READ((struct tcp_sock *)sk, snd_nxt);
+	if (!seq_before(snd_nxt, h.end_seq))
+		return;
+	if (now - h.write_ts < hold_min_ns)
 		return;
 	struct tt_nagle_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -253,11 +313,11 @@ static __always_inline void release_hold(struct sock_state *st, __u64 now)
 	__builtin_memset(&e->hdr, 0, sizeof(e->hdr));
 	e->hdr.kind = TT_EVENT_NAGLE;
 	e->hdr.tgid = st->tgid;
-	e->hdr.tid = st->hold_tid;
+	e->hdr.tid = h.tid;
 	e->hdr.ts_ns = now;
 	e->sock_ino = st->sock_ino;
-	e->write_ts_ns = write_ts;
-	e->held_bytes = st->hold_unsent;
+	e->write_ts_ns = h.write_ts;
+	e->held_bytes = h.unsent;
 	e->_pad = 0;
 	bpf_ringbuf_submit(e, wakeup_flags());
 }
