@@ -3,7 +3,9 @@
 //!
 //! Pipeline: `discover` (which processes) → `probes` (load, attach) →
 //! `ingest` (decode ring buffer records into [`event::Event`]) → `stitch`
-//! (pure: events → [`stitch::RequestTimeline`]) → `output`.
+//! (pure: events → [`stitch::RequestTimeline`]) → `explain` → `export` /
+//! `output`. What the stages hand each other lives at the bottom: `event`
+//! (decoded records), `model` (timelines and their stalls), `units`.
 
 pub mod check;
 pub mod cli;
@@ -16,6 +18,7 @@ pub mod export;
 mod fuzz;
 pub mod ingest;
 pub mod k8s;
+pub mod model;
 pub mod output;
 pub mod pipeline;
 pub mod probes;

@@ -10,13 +10,12 @@
 
 mod history;
 mod intervals;
-mod stall;
 
 use std::cell::OnceCell;
 
 use foldhash::{HashMap, HashSet};
 
-pub use stall::Stall;
+pub use crate::model::Stall;
 
 use crate::event::{ConnId, Direction, Event, LlmProbe, MonoNs};
 use crate::stitch::RequestTimeline;

@@ -80,8 +80,8 @@ pub struct JsonTimeline<'a> {
     /// HTTP/2: time this stream's writes waited for the client's
     /// WINDOW_UPDATE; null for HTTP/1.1.
     pub flow_control_ms: Option<f64>,
-    /// Late chunks with their cause breakdown (see `explain::Stall`).
-    pub stalls: &'a [crate::explain::Stall],
+    /// Late chunks with their cause breakdown (see `model::Stall`).
+    pub stalls: &'a [crate::model::Stall],
 }
 
 impl<'a> JsonTimeline<'a> {

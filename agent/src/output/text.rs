@@ -1,6 +1,6 @@
 //! The default output: one readable line per request.
 
-use crate::explain::Stall;
+use crate::model::Stall;
 use crate::stitch::{Protocol, RequestTimeline};
 use crate::units::{ms, percentile};
 

@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::core::{Profile, Recording};
 use super::csv::rfc3339;
 use super::perfetto::request_label;
-use crate::explain::Stall;
+use crate::model::Stall;
 use crate::stitch::RequestTimeline;
 use crate::units::{ms, percentile};
 

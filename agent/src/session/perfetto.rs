@@ -22,7 +22,7 @@ use serde_json::{json, Value};
 use super::core::{Recording, SliceKind};
 use super::csv::rfc3339;
 use crate::event::{Direction, IoCall, MonoNs};
-use crate::explain::Stall;
+use crate::model::Stall;
 use crate::stitch::RequestTimeline;
 use crate::units::ms;
 

@@ -29,6 +29,21 @@ impl RequestStart {
     }
 }
 
+/// A request whose first byte was read at `start.read` (and reached the
+/// host at `start.ingress`, if known); `ts` is the read that made it a
+/// request (its head, or its HEADERS frame, complete).
+pub(crate) fn started_timeline(start: RequestStart, ts: MonoNs) -> RequestTimeline {
+    let arrival = start.arrival();
+    RequestTimeline {
+        request_start: arrival.unwrap_or(start.read),
+        read_start: start.read,
+        ingress_known: arrival.is_some(),
+        request_end: ts,
+        end: ts,
+        ..RequestTimeline::default()
+    }
+}
+
 /// What the connection's setup cost, charged to its first request.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Setup {
@@ -102,7 +117,7 @@ impl Exchanges {
                 request_end: ts,
                 request_bytes: head.len as u64,
                 end: ts,
-                ..RequestTimeline::started(start, ts)
+                ..started_timeline(start, ts)
             },
         });
         seq

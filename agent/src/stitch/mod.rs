@@ -28,7 +28,6 @@ mod response;
 mod sink;
 mod sse;
 mod table;
-pub mod timeline;
 
 #[cfg(test)]
 mod tests;
@@ -39,11 +38,13 @@ use serde::Serialize;
 
 use crate::event::{Event, MonoNs};
 
+pub use crate::model::timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
 pub use h2::{FrameError, MAX_STREAMS as H2_MAX_STREAMS};
 pub use http::HeadError;
-pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
+
+use crate::model::timeline;
 
 use sink::Sink;
 use table::Connections;

@@ -4,7 +4,7 @@
 
 use crate::event::{ConnId, MonoNs};
 
-use super::super::exchange::{Exchange, RequestStart, Setup};
+use super::super::exchange::{started_timeline, Exchange, RequestStart, Setup};
 use super::super::input::Bytes;
 use super::super::json_fields::BodyPrefix;
 use super::super::response::Content;
@@ -52,7 +52,7 @@ impl Stream {
             stream_id: Some(id),
             accept_wait_ns: setup.accept_wait_ns,
             tls_handshake_ns: setup.tls_handshake_ns,
-            ..RequestTimeline::started(start, start.read)
+            ..started_timeline(start, start.read)
         };
         Self {
             ex: Exchange {

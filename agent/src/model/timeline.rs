@@ -4,8 +4,6 @@ use serde::Serialize;
 
 use crate::event::{ConnId, MonoNs, SockAddrs};
 
-use super::exchange::RequestStart;
-
 /// How the response body was framed, which decides what a "chunk" is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -171,25 +169,10 @@ pub struct RequestTimeline {
     pub flow_control_waits: Vec<(MonoNs, MonoNs)>,
     /// Late chunks and their causes; filled after stitching by the
     /// explainer (empty when nothing was late).
-    pub stalls: Vec<crate::explain::Stall>,
+    pub stalls: Vec<super::Stall>,
 }
 
 impl RequestTimeline {
-    /// A request whose first byte was read at `start.read` (and reached the
-    /// host at `start.ingress`, if known); `ts` is the read that made it a
-    /// request (its head, or its HEADERS frame, complete).
-    pub(crate) fn started(start: RequestStart, ts: MonoNs) -> Self {
-        let arrival = start.arrival();
-        Self {
-            request_start: arrival.unwrap_or(start.read),
-            read_start: start.read,
-            ingress_known: arrival.is_some(),
-            request_end: ts,
-            end: ts,
-            ..Self::default()
-        }
-    }
-
     /// Streamed responses: SSE, chunked, or delimited by connection close.
     pub fn is_stream(&self) -> bool {
         matches!(
