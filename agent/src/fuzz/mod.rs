@@ -17,7 +17,7 @@
 //! its executions.
 
 mod alloc_meter;
-mod seeds;
+pub(crate) mod seeds;
 mod targets;
 
 use std::time::{Duration, Instant};

@@ -386,16 +386,7 @@ pub(crate) fn looks_like_frames(bytes: &[u8], truncated: bool, max_len: u32) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-        let len = payload.len() as u32;
-        let mut out = len.to_be_bytes()[1..].to_vec();
-        out.push(kind);
-        out.push(flags);
-        out.extend_from_slice(&stream.to_be_bytes());
-        out.extend_from_slice(payload);
-        out
-    }
+    use crate::fuzz::seeds::h2_frame as frame;
 
     fn events(reader: &mut FrameReader, pieces: &[Bytes<'_>]) -> Vec<String> {
         let mut out = Vec::new();

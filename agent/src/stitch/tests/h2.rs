@@ -3,6 +3,7 @@
 //! `h2c` upgrade, and what uncaptured or malformed bytes do.
 
 use super::*;
+use crate::fuzz::seeds::h2_frame as frame;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0;
@@ -13,15 +14,6 @@ const GOAWAY: u8 = 7;
 const WINDOW_UPDATE: u8 = 8;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
-
-fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
-    out.push(kind);
-    out.push(flags);
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
 
 /// HPACK: each header as a literal without indexing, new name, no Huffman
 /// (RFC 7541 §6.2.2) — what a decoder must always read, whatever its table.
