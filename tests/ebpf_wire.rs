@@ -638,6 +638,58 @@ fn server_closing_unanswered_is_server_closed() {
     assert_eq!(a.get("status"), Some(&Value::Null), "{a}");
 }
 
+/// A client that sends its request and leaves before the server has
+/// accepted the connection: the FIN arrives while nobody owns the socket,
+/// is kept, and reported at the accept; the server then reads the request
+/// and closes unanswered — the client, not the server, ended it. The server
+/// accepts each connection 500 ms after it was queued, and the order (the
+/// client's close before the server's accept) is checked on both sides'
+/// own CLOCK_MONOTONIC stamps, so machine load cannot undo the scenario.
+#[test]
+fn a_client_gone_before_accept_is_client_closed() {
+    require_root("a_client_gone_before_accept_is_client_closed");
+    let server = WireServer::start(&["--hold-accept-ms", "500"]);
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let client = run_wire_client(
+        server.port,
+        &[
+            "--connections",
+            "1",
+            "--path",
+            "/close-unanswered",
+            "--close-after-send",
+            "--rid-prefix",
+            "left-",
+        ],
+    );
+    let served = server.records(1);
+    let lines = agent_by_rid(&mut agent, &["left-0".to_string()]);
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    let closed = client
+        .first()
+        .and_then(|c| c.get("t_close"))
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("client record without t_close: {client:?}"));
+    let accepted = served
+        .get("left-0")
+        .and_then(|r| r.get("t_accept"))
+        .and_then(Value::as_u64)
+        .unwrap_or_else(|| panic!("server record without t_accept: {served:?}"));
+    assert!(
+        closed < accepted,
+        "precondition: the client closed at {closed}, after the accept at {accepted}"
+    );
+    let a = lines
+        .get("left-0")
+        .unwrap_or_else(|| panic!("not reported: {:?}", agent.values()));
+    assert_eq!(
+        str_field(a, "abort_reason").as_deref(),
+        Some("client_closed"),
+        "{a}"
+    );
+}
+
 /// The agent starts while streams are in flight: those are skipped and
 /// counted (their request was never seen); requests that start afterwards
 /// are reported with their wire arrival.

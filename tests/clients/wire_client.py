@@ -3,14 +3,17 @@
 
   python3 tests/clients/wire_client.py --port P --connections N
       [--tokens T] [--delay-ms D] [--ttft-ms F] [--path /stream]
-      [--rid-prefix X] [--tls] [--close-after K] [--request-id-header]
+      [--rid-prefix X] [--tls] [--close-after K] [--close-after-send]
+      [--request-id-header]
       [--timeout S]
 
 N threads each open ONE connection (and, with --tls, finish the handshake),
 wait at a barrier, then all send one request at once:
 GET PATH?rid=<prefix><i>&tokens=T&delay_ms=D&ttft_ms=F. --request-id-header
 adds ``X-Request-Id: req-<prefix><i>``. --close-after K closes the socket
-right after the K-th event arrived (a client that walks away mid-stream).
+right after the K-th event arrived (a client that walks away mid-stream);
+--close-after-send closes it right after sending the request (a client that
+gives up before the server even accepted it).
 
 One JSON line per connection on stdout, CLOCK_MONOTONIC ns
 (time.monotonic_ns, the clock of bpf_ktime_get_ns):
@@ -56,8 +59,10 @@ def run_one(i, args, barrier, out):
                f"&ttft_ms={args.ttft_ms} HTTP/1.1\r\n{headers}\r\n").encode()
         rec["t_send"] = time.monotonic_ns()
         sock.sendall(req)
+        if args.close_after_send:
+            rec["t_close"] = time.monotonic_ns()
         buf = b""
-        while True:
+        while not args.close_after_send:
             data = sock.recv(65536)
             if not data:
                 break
@@ -91,6 +96,7 @@ def main():
     ap.add_argument("--rid-prefix", default="")
     ap.add_argument("--tls", action="store_true")
     ap.add_argument("--close-after", type=int, default=0)
+    ap.add_argument("--close-after-send", action="store_true")
     ap.add_argument("--request-id-header", action="store_true")
     ap.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args()

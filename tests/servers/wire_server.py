@@ -13,6 +13,7 @@ the kernel, the request bytes queue on the not-yet-accepted socket) and, on a
 kept-alive connection, in the receive queue. listen() backlog is 256.
 
   --accept-delay-ms D   sleep D ms before every accept() (a slow accepter)
+  --hold-accept-ms D    accept each connection D ms after it was queued
   --tls CERT KEY        HTTPS: the accepted socket is wrapped by the stdlib
                         ssl module (socket BIO; the handshake runs in
                         SSL_do_handshake right after accept)
@@ -37,6 +38,7 @@ server records it, stops that stream, closes the connection.
 
 import argparse
 import json
+import select
 import socket
 import ssl
 import sys
@@ -112,6 +114,8 @@ def main():
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=0)
     ap.add_argument("--accept-delay-ms", type=float, default=0.0)
+    ap.add_argument("--hold-accept-ms", type=float, default=0.0,
+                    help="accept a connection only this long after it arrived")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
     args = ap.parse_args()
     ctx = None
@@ -126,6 +130,10 @@ def main():
     while True:
         if args.accept_delay_ms:
             time.sleep(args.accept_delay_ms / 1e3)
+        if args.hold_accept_ms:
+            # Wait for a connection to be queued, then leave it there.
+            select.select([ls], [], [])
+            time.sleep(args.hold_accept_ms / 1e3)
         conn, _ = ls.accept()
         t_accept = now()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

@@ -404,11 +404,12 @@ static __always_inline int emit_conn(__u32 kind, int fd)
 	if (!sk)
 		return 0;
 	__u64 established = 0;
+	struct sock_state *st = NULL;
 	if (kind == TT_EVENT_ACCEPT) {
 		/* Its listener is a traced one from now on (one lookup when it
 		 * already is), and the connection is ours. */
 		mark_listener(sk);
-		struct sock_state *st = own_sock(sk, ino, fd);
+		st = own_sock(sk, ino, fd);
 		if (st)
 			established = st->established_ns;
 	}
@@ -424,6 +425,13 @@ static __always_inline int emit_conn(__u32 kind, int fd)
 	e->start_ns = established;
 	fill_addrs(sk, &e->addrs);
 	bpf_ringbuf_submit(e, wakeup_flags());
+	/* The client left while the connection waited to be accepted: said
+	 * after the accept (timed now), so the connection exists for it. */
+	if (st && st->pending_close) {
+		__u32 reason = st->pending_close;
+		st->pending_close = 0;
+		peer_closed(st, sk, reason);
+	}
 	return 0;
 }
 

@@ -67,7 +67,9 @@ struct sock_state {
 	__u32 tgid;
 	__u64 sock_ino;
 	__s32 fd;
-	__u32 _pad;
+	/* The peer closed (enum tt_peer_close) before any traced process
+	 * owned the socket (still in the accept queue): reported at accept. */
+	__u32 pending_close;
 };
 
 struct {
@@ -323,12 +325,15 @@ static __always_inline void release_hold(struct sock_state *st, struct sock *sk,
 }
 
 /* The peer ended the connection: reported for the owner (softirq context:
- * the current task is anyone). Connections no traced process touched yet
- * are not reported; their accept will find them closed. */
+ * the current task is anyone). For a connection no traced process owns yet
+ * (not accepted) it is kept and reported when the accept returns it. */
 static __always_inline void peer_closed(struct sock_state *st, struct sock *sk, __u32 reason)
 {
-	if (!st->tgid)
+	if (!st->tgid) {
+		if (!st->pending_close)
+			st->pending_close = reason;
 		return;
+	}
 	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
