@@ -56,8 +56,9 @@ fn require_privileges() -> Result<()> {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!(
-            "tokentrace needs root (or CAP_BPF, CAP_PERFMON, CAP_SYS_PTRACE and CAP_DAC_READ_SEARCH) \
-             to load eBPF programs: run it with sudo; `tokentrace check` lists what is missing"
+            "tokentrace run needs root (euid 0): it loads eBPF programs, attaches uprobes to \
+             other users' processes and reads their /proc entries; run it with sudo \
+             (`tokentrace check` lists what else this host is missing)"
         );
     }
     Ok(())

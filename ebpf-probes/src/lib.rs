@@ -2,7 +2,7 @@
 //!
 //! Each `src/bpf/<name>.bpf.c` becomes a module `<name>` holding the generated
 //! skeleton (`<Name>SkelBuilder`) and the record types of `events.h`
-//! (`types::data_event`, …).
+//! (`types::tt_data_event`, …).
 
 // The skeletons are generated code: lints are for the code we write.
 #![allow(

@@ -191,10 +191,4 @@ impl Tracker {
         }
         (false, None)
     }
-
-    /// Number of processes the agent put in the kernel filter (children
-    /// added by the kernel at fork are not counted).
-    pub fn traced_count(&self) -> usize {
-        self.traced.len()
-    }
 }

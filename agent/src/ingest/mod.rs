@@ -43,8 +43,6 @@ type FileLinks = HashMap<(Option<u32>, FileKey), Vec<libbpf_rs::Link>>;
 /// Counters of the userspace half of ingestion.
 #[derive(Debug, Default)]
 pub struct IngestStats {
-    /// Records read from the ring buffer.
-    pub records: AtomicU64,
     /// Records that failed to decode.
     pub decode_errors: AtomicU64,
     /// Events dropped at the channel: only once stitching is gone (the
@@ -310,7 +308,6 @@ fn run_thread(
     });
     let batch = RefCell::new(Vec::new());
     let ring = probes.sock.ring_buffer(|record| {
-        stats.records.fetch_add(1, Ordering::Relaxed);
         match decode(record) {
             Ok(event) => batch.borrow_mut().push(event),
             Err(err) => {

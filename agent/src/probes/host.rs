@@ -62,3 +62,39 @@ pub fn route_libbpf_logs() {
     }
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, forward)));
 }
+
+/// What to say when the kernel refused to load `what`: only a refusal for
+/// lack of privilege is about root or capabilities; the verifier or missing
+/// BTF fail otherwise, and libbpf's log (routed to ours) says how.
+pub fn load_failure(what: &str, err: &libbpf_rs::Error) -> String {
+    if err.kind() == libbpf_rs::ErrorKind::PermissionDenied {
+        format!("loading {what} into the kernel: permission denied (needs root, or CAP_BPF and CAP_PERFMON; `tokentrace check` lists what is missing)")
+    } else {
+        format!("loading {what} into the kernel: the kernel rejected it (the libbpf log above says why: verifier, BTF); `tokentrace check` lists what this kernel supports")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shown(err: libbpf_rs::Error) -> String {
+        let message = load_failure("the socket BPF programs", &err);
+        format!("{:#}", anyhow::Error::new(err).context(message))
+    }
+
+    #[test]
+    fn only_a_permission_error_talks_about_privileges() {
+        let denied = shown(libbpf_rs::Error::from_raw_os_error(libc::EPERM));
+        assert!(denied.contains("needs root, or CAP_BPF"), "{denied}");
+        let rejected = shown(libbpf_rs::Error::from_raw_os_error(libc::EINVAL));
+        assert!(rejected.contains("the kernel rejected it"), "{rejected}");
+        assert!(!rejected.contains("root"), "{rejected}");
+        // The cause is printed once, after the context.
+        assert_eq!(
+            rejected.matches("Invalid argument").count(),
+            1,
+            "{rejected}"
+        );
+    }
+}

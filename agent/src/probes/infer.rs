@@ -67,7 +67,10 @@ impl InferProbes {
         rodata.offcpu_min_ns = offcpu_min_ns;
         rodata.wakeup_bytes = wakeup_bytes;
         rodata.agent_tgid = agent_pid;
-        let skel = open.load().context("loading the inference BPF programs")?;
+        let skel = open.load().map_err(|err| {
+            let message = super::load_failure("the inference BPF programs", &err);
+            anyhow::Error::new(err).context(message)
+        })?;
         let offcpu = skel
             .progs
             .on_sched_switch

@@ -11,7 +11,7 @@ mod host;
 mod infer;
 mod sock;
 
-pub use host::{ensure_tracefs, route_libbpf_logs, TracefsState};
+pub use host::{ensure_tracefs, load_failure, route_libbpf_logs, TracefsState};
 pub use infer::{InferProbes, LLM_PROBES};
 pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,

@@ -78,10 +78,10 @@ impl SockProbes {
             .set_max_entries(settings.ring_buffer_bytes)
             .context("sizing the ring buffer (must be a power of two multiple of the page size)")?;
 
-        let mut skel = open.load().context(
-            "loading the socket BPF programs into the kernel (needs root or CAP_BPF+CAP_PERFMON; \
-             run `tokentrace check` for details)",
-        )?;
+        let mut skel = open.load().map_err(|err| {
+            let message = super::load_failure("the socket BPF programs", &err);
+            anyhow::Error::new(err).context(message)
+        })?;
         let mut links = Vec::new();
         // Every tracepoint program; the OpenSSL uprobes are attached per
         // process and library file later.

@@ -152,9 +152,10 @@ impl<'obj> Profiler<'obj> {
         let open = ProfileSkelBuilder::default()
             .open(storage)
             .context("opening the CPU profiling BPF object")?;
-        let skel = open
-            .load()
-            .context("loading the CPU profiling BPF program (needs root or CAP_BPF+CAP_PERFMON)")?;
+        let skel = open.load().map_err(|err| {
+            let message = crate::probes::load_failure("the CPU profiling BPF program", &err);
+            anyhow::Error::new(err).context(message)
+        })?;
         let mut links = vec![skel
             .progs
             .on_profiled_fork
