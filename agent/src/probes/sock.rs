@@ -152,7 +152,13 @@ impl TracedPids {
     pub fn insert(&self, pid: u32) -> Result<()> {
         self.map
             .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-            .with_context(|| format!("adding pid {pid} to the kernel pid filter"))?;
+            .with_context(|| {
+                format!(
+                    "adding pid {pid} to the kernel pid filter (it holds {} processes; if it \
+                     is full, select fewer with --pid/--exe/--port)",
+                    self.map.max_entries()
+                )
+            })?;
         let Some((netns, ports)) =
             crate::discover::procfs::listeners_of(std::path::Path::new("/proc"), pid)
         else {
