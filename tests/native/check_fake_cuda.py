@@ -93,8 +93,15 @@ class Checks:
         ret = call(*args)
         return (time.monotonic_ns() - wall) / 1e6, (time.thread_time_ns() - cpu) / 1e6, ret
 
-    def blocks_for(self, name, expect_ms, call, *args):
+    def blocks_for(self, name, expect_ms, call, *args, since=None):
+        """Checks that call(*args) returns expect_ms after `since` (the
+        CLOCK_MONOTONIC ns before the work was enqueued; default: the call's
+        start). Timing from the enqueue keeps the lower bound exact however
+        long a loaded machine takes between the launches and the sync."""
+        start = time.monotonic_ns()
         wall, cpu, ret = self.timed(call, *args)
+        if since is not None:
+            wall += (start - since) / 1e6
         ok = ret == 0 and expect_ms - EARLY_MS <= wall <= expect_ms + LATE_MS
         self.check(name, ok, f"blocked {wall:.2f} ms for {expect_ms:.0f} ms of GPU work, "
                              f"{cpu:.2f} ms on CPU, returned {ret}")
@@ -109,67 +116,80 @@ class Checks:
         rt, drv = self.rt, self.drv
 
         self.kernel_ms(30)
+        enqueued = time.monotonic_ns()
         self.launch()
         _, cpu = self.blocks_for("cudaStreamSynchronize waits for the kernel", 30,
-                                 rt.cudaStreamSynchronize, None)
+                                 rt.cudaStreamSynchronize, None, since=enqueued)
         self.check("a sync waits off-CPU", cpu < 5, f"{cpu:.2f} ms on CPU while blocked")
 
         self.kernel_ms(10)
+        enqueued = time.monotonic_ns()
         for _ in range(3):
             self.launch()
-        self.blocks_for("kernels run back to back", 30, rt.cudaStreamSynchronize, None)
+        self.blocks_for("kernels run back to back", 30, rt.cudaStreamSynchronize, None,
+                        since=enqueued)
 
         self.blocks_for("a sync with nothing pending returns at once", 0,
                         rt.cudaStreamSynchronize, None)
 
         s1, s2 = self.new(rt.cudaStreamCreate), self.new(rt.cudaStreamCreate)
         self.kernel_ms(150)
+        long_enqueued = time.monotonic_ns()
         self.launch(s1)
-        start = time.monotonic_ns()
         self.kernel_ms(10)
+        enqueued = time.monotonic_ns()
         self.launch(s2)
-        self.blocks_for("streams are independent", 10, rt.cudaStreamSynchronize, s2)
-        left = 150 - (time.monotonic_ns() - start) / 1e6
-        self.blocks_for("cudaDeviceSynchronize waits for every stream", left,
-                        rt.cudaDeviceSynchronize)
+        self.blocks_for("streams are independent", 10, rt.cudaStreamSynchronize, s2,
+                        since=enqueued)
+        self.blocks_for("cudaDeviceSynchronize waits for every stream", 150,
+                        rt.cudaDeviceSynchronize, since=long_enqueued)
 
         event = self.new(rt.cudaEventCreate)
         self.kernel_ms(20)
+        enqueued = time.monotonic_ns()
         self.launch(s1)
         ok(rt.cudaEventRecord(event, s1), "cudaEventRecord")
         self.kernel_ms(100)
         self.launch(s1)  # after the event: not waited for
         self.blocks_for("cudaEventSynchronize waits up to the record", 20,
-                        rt.cudaEventSynchronize, event)
+                        rt.cudaEventSynchronize, event, since=enqueued)
         rt.cudaStreamSynchronize(s1)
 
         self.kernel_ms(15)
+        enqueued = time.monotonic_ns()
         ok(rt.cudaGraphLaunch(ctypes.c_void_p(0x1234), s1), "cudaGraphLaunch")
-        self.blocks_for("cudaGraphLaunch is one unit of work", 15, rt.cudaStreamSynchronize, s1)
+        self.blocks_for("cudaGraphLaunch is one unit of work", 15, rt.cudaStreamSynchronize, s1,
+                        since=enqueued)
 
         src, dst = ctypes.create_string_buffer(b"token"), ctypes.create_string_buffer(8)
         self.kernel_ms(10)
+        enqueued = time.monotonic_ns()
         self.launch(s1)
         ret = rt.cudaMemcpyAsync(dst, src, 6, 2, s1)
         self.blocks_for("cudaMemcpyAsync is ordered after the kernels", 10,
-                        rt.cudaStreamSynchronize, s1)
+                        rt.cudaStreamSynchronize, s1, since=enqueued)
         self.check("cudaMemcpyAsync copies", ret == 0 and dst.value == b"token", repr(dst.value))
 
         # Driver API, on a stream the runtime created (handles are shared).
         self.kernel_ms(20)
+        enqueued = time.monotonic_ns()
         ok(drv.cuLaunchKernel(None, 1, 1, 1, 32, 1, 1, 0, s2, None, None), "cuLaunchKernel")
-        self.blocks_for("cuLaunchKernel + cuStreamSynchronize", 20, drv.cuStreamSynchronize, s2)
+        self.blocks_for("cuLaunchKernel + cuStreamSynchronize", 20, drv.cuStreamSynchronize, s2,
+                        since=enqueued)
         config = CUlaunchConfig(1, 1, 1, 32, 1, 1, 0, s2, None, 0)
         self.kernel_ms(60)
+        enqueued = time.monotonic_ns()
         ok(drv.cuLaunchKernelEx(ctypes.byref(config), None, None, None), "cuLaunchKernelEx")
         # Read at a wrong offset, hStream would be another stream or garbage.
         self.blocks_for("cuLaunchKernelEx leaves the default stream idle", 0,
                         drv.cuStreamSynchronize, None)
         self.blocks_for("cuLaunchKernelEx enqueues on config->hStream", 60,
-                        drv.cuStreamSynchronize, s2)
+                        drv.cuStreamSynchronize, s2, since=enqueued)
         self.kernel_ms(20)
+        enqueued = time.monotonic_ns()
         self.launch(s1)
-        self.blocks_for("cuCtxSynchronize waits for everything", 20, drv.cuCtxSynchronize)
+        self.blocks_for("cuCtxSynchronize waits for everything", 20, drv.cuCtxSynchronize,
+                        since=enqueued)
 
         for handle in (s1, s2):
             rt.cudaStreamDestroy(handle)
