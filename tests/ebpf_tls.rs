@@ -851,6 +851,59 @@ fn root_tls_uvicorn_fastapi_sse() {
     assert_no_failures(title, &failures, &load);
 }
 
+/// Many TLS connections on one asyncio event loop (uvicorn, memory BIOs:
+/// no socket I/O nests in SSL_read, so the probes tie an SSL* to a socket
+/// by the event loop thread's latest socket read). With 48 connections
+/// streaming at once (3 keep-alive requests each) the loop interleaves
+/// their reads; every timeline must still carry its own connection's
+/// addresses (the client's end of it), and every request be reported once.
+/// Timing is ebpf_tls's other tests' job: only addresses and counts here.
+/// (uvicorn's first SSL_read of a connection runs right after its socket
+/// read; the hazard of a first SSL_read from a callback — asyncio's
+/// resume_reading — is not exercised here: see the soak note.)
+#[test]
+fn root_tls_uvicorn_many_connections_on_one_loop_keep_their_addresses() {
+    require_root("root_tls_uvicorn_many_connections_on_one_loop_keep_their_addresses");
+    let title = "uvicorn/FastAPI, 48 TLS connections at once";
+    let load = BoxLoad::start();
+    let tls = TlsDir::new("uvicorn-many");
+    let server = start_server(
+        ServerKind::FastApi,
+        &["--ssl-keyfile", tls.key(), "--ssl-certfile", tls.cert()],
+    );
+    let mut agent = start_agent_with_env(&Agent::for_pids(&[server.pid()]), AGENT_ENV);
+    let mut run = ClientRun::sse(144, 48, "many-");
+    run.tls = true;
+    run.token_delay_ms = 5.0;
+    let client = run_all(server.port, &[run]);
+    let stop = finish(&mut agent, &client);
+    let values = agent.values();
+    let mut failures = Vec::new();
+    let reported: BTreeMap<String, usize> = values
+        .iter()
+        .filter_map(|a| str_field(a, "path"))
+        .fold(BTreeMap::new(), |mut m, p| {
+            *m.entry(p).or_default() += 1;
+            m
+        });
+    for c in &client {
+        match reported.get(&c.path) {
+            Some(1) => {}
+            n => failures.push(format!("{}: {n:?} timelines, expected 1", c.path)),
+        }
+    }
+    check_tls_addrs(
+        &client,
+        &values,
+        &format!("127.0.0.1:{}", server.port),
+        &mut failures,
+    );
+    let mut exit = Report::new();
+    check_agent_exit(&agent, stop, &mut exit);
+    failures.extend(exit.failures);
+    assert_no_failures(title, &failures, &load);
+}
+
 #[test]
 fn root_tls_nginx_in_front_of_plaintext_upstream() {
     require_root("root_tls_nginx_in_front_of_plaintext_upstream");

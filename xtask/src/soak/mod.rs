@@ -6,9 +6,10 @@
 //!    `--rate` requests/min (2000), traced by `tokentrace run --port P`
 //!    exporting OTLP/gRPC to a real collector (rotel), which is taken down
 //!    `--down-seconds` (60) of every `--cycle-seconds` (300). Agent RSS is
-//!    sampled every second: least-squares slope in MiB/hour after the first
-//!    cycle (every bounded buffer has filled by then: the export queue in
-//!    the first outage). Spans of requests reported while the collector is
+//!    sampled every second: least-squares slope in MiB/hour over the second
+//!    half of the phase (bounded buffers raise RSS in steps at each new
+//!    high-water mark of an outage's backlog; after several outages a leak
+//!    is what is left; see report.rs). Spans of requests reported while the collector is
 //!    up (after the outage's backlog drained) must all reach it; what the
 //!    agent drops is counted by its own counters.
 //! 2. **server restart under `--port`** — SIGTERM, a new process (new pid)
