@@ -15,6 +15,9 @@ told apart by their count), with x-request-id metadata "<prefix><j>".
 --pause-after N (with --concurrency 1): after the first N calls, print
 ``{"paused": N}`` and wait for a line on stdin before the rest, on the same
 connection (for an agent started mid-connection).
+--summary: print only one line at the end, {"calls", "messages", "errors",
+"seconds", "messages_per_s"} (from the workers' start to the last call's end;
+for `cargo xtask bench --only grpc`).
 --cancel-after K: cancel each call (RST_STREAM CANCEL) once K messages
 arrived. --status NAME --status-after K: the server ends each call with that
 status after K messages.
@@ -133,6 +136,7 @@ def main():
     ap.add_argument("--rid-prefix", default="grpc-")
     ap.add_argument("--pause-after", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=60.0)
+    ap.add_argument("--summary", action="store_true", help="one summary line instead of records")
     args = ap.parse_args()
     if args.calls < 0 or args.concurrency < 1:
         ap.error("--calls >= 0 and --concurrency >= 1")
@@ -155,7 +159,18 @@ def main():
             sys.stdout.flush()
 
     workers = min(args.concurrency, max(args.calls, 1))
-    barrier = threading.Barrier(workers)
+    started = []
+    barrier = threading.Barrier(workers, action=lambda: started.append(mono()))
+    totals = {"calls": 0, "messages": 0, "errors": 0}
+    if args.summary:
+
+        def emit(obj):  # noqa: F811 - counts instead of printing
+            if "paused" in obj:
+                return
+            with out_lock:
+                totals["calls"] += 1
+                totals["messages"] += obj.get("chunks", 0)
+                totals["errors"] += obj.get("error") is not None
 
     def worker(w):
         barrier.wait()
@@ -174,6 +189,11 @@ def main():
         t.start()
     for t in threads:
         t.join()
+    if args.summary:
+        secs = (mono() - started[0]) / 1e9 if started else 0.0
+        totals["seconds"] = secs
+        totals["messages_per_s"] = totals["messages"] / secs if secs > 0 else 0.0
+        print(json.dumps(totals), flush=True)
     channel.close()
 
 

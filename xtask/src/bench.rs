@@ -24,7 +24,10 @@
 //! small socket writes, and CUDA launches on a library a traced process
 //! also uses.
 //!
-//! `--only sse|cuda|tls|untraced` runs one section. Results go to target/bench/.
+//! gRPC (`grpc.rs`): a grpcio server-streaming flood over one HTTP/2
+//! connection with and without the agent: ratio and µs per message.
+//!
+//! `--only sse|cuda|tls|untraced|grpc` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -38,6 +41,7 @@ use crate::deps::{self, Scope};
 use crate::native;
 use crate::util::{self, free_port, start_server, Guard};
 
+mod grpc;
 mod replay;
 mod tls;
 mod untraced;
@@ -45,7 +49,7 @@ mod untraced;
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls|untraced] | cargo xtask bench replay [...]";
+                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc] | cargo xtask bench replay [...]";
 
 #[derive(Clone, Copy)]
 struct Options {
@@ -58,6 +62,7 @@ struct Options {
     cuda: bool,
     tls: bool,
     untraced: bool,
+    grpc: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -70,6 +75,7 @@ fn parse(args: &[String]) -> Result<Options> {
         cuda: true,
         tls: true,
         untraced: true,
+        grpc: true,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -84,7 +90,8 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.cuda = value == "cuda";
                 opts.tls = value == "tls";
                 opts.untraced = value == "untraced";
-                if !(opts.sse || opts.cuda || opts.tls || opts.untraced) {
+                opts.grpc = value == "grpc";
+                if !(opts.sse || opts.cuda || opts.tls || opts.untraced || opts.grpc) {
                     bail!("{USAGE}");
                 }
             }
@@ -247,6 +254,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if opts.untraced {
         untraced::run(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.grpc {
+        grpc::run(&agent_bin, &opts, &mut report)?;
     }
     let dir = util::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
