@@ -119,4 +119,23 @@ mod tests {
         assert!(!m.matches("/generated"));
         assert!(!m.matches("/health"));
     }
+
+    #[test]
+    fn a_pid_without_a_proc_entry_is_named() {
+        let root = std::env::temp_dir().join(format!("tt-proc-{}", std::process::id()));
+        std::fs::create_dir_all(root.join("42")).expect("fake /proc/42");
+        let selector = Selector {
+            pids: vec![42, 999_999],
+            ports: Vec::new(),
+            exe: None,
+            comm: None,
+        };
+        assert_eq!(selector.missing_pid(&root), Some(999_999));
+        let present = Selector {
+            pids: vec![42],
+            ..selector
+        };
+        assert_eq!(present.missing_pid(&root), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
 }
