@@ -22,6 +22,7 @@ use std::sync::mpsc::{self, Receiver};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::wire::{Capture, Packet};
 use common::*;
 use serde_json::Value;
 
@@ -90,74 +91,6 @@ impl WireServer {
             out.len()
         );
         out
-    }
-}
-
-/// tests/clients/wire_capture.py on `lo` for `port`.
-struct Capture {
-    proc: Proc,
-    out: PathBuf,
-}
-
-/// One captured TCP payload packet.
-#[derive(Debug, Clone)]
-struct Packet {
-    ts: u64,
-    src: u16,
-    dst: u16,
-    data_event: bool,
-}
-
-impl Capture {
-    fn start(port: u16) -> Self {
-        let out = std::env::temp_dir().join(format!(
-            "tokentrace-wire-{}-{}.jsonl",
-            std::process::id(),
-            mono_now_ns()
-        ));
-        let mut child = Command::new(python())
-            .arg("-u")
-            .arg(repo_root().join("tests/clients/wire_capture.py"))
-            .args(["--port", &port.to_string(), "--out"])
-            .arg(&out)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start wire_capture.py: {e}"));
-        let stdout = child.stdout.take().expect("piped stdout");
-        let mut first = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut first)
-            .expect("read wire_capture.py READY");
-        assert_eq!(first.trim(), "READY", "wire_capture.py did not start");
-        Capture {
-            proc: Proc::guard("wire_capture.py", child),
-            out,
-        }
-    }
-
-    /// Stops the capture; its packets, in time order.
-    fn finish(mut self) -> Vec<Packet> {
-        self.proc.signal(libc::SIGTERM);
-        let st = self.proc.wait_timeout(Duration::from_secs(20));
-        assert!(st.is_some(), "wire_capture.py did not exit on SIGTERM");
-        let text = std::fs::read_to_string(&self.out).expect("capture output");
-        let _ = std::fs::remove_file(&self.out);
-        let mut packets: Vec<Packet> = text
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter_map(|v| {
-                Some(Packet {
-                    ts: v.get("ts")?.as_u64()?,
-                    src: u16::try_from(v.get("src")?.as_u64()?).ok()?,
-                    dst: u16::try_from(v.get("dst")?.as_u64()?).ok()?,
-                    data_event: v.get("data_event")?.as_bool()?,
-                })
-            })
-            .collect();
-        packets.sort_by_key(|p| p.ts);
-        packets
     }
 }
 

@@ -5,6 +5,7 @@
   python3 tests/clients/explain_client.py --port P \
       --request '{"max_tokens": 16, "sync_stall": {"token": 5, "ms": 50}}' \
       [--request '{...}' ...] [--stagger-ms 10] [--host 127.0.0.1] [--timeout S]
+      [--delay-acks]
 
 Every --request is a JSON object merged over the base body
 {"model": "test-model", "messages": [...], "stream": true}, so it sets
@@ -39,6 +40,22 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from stream_client import Aborted, ChunkedDecoder, Conn, SseParser, build_request  # noqa: E402
 
 mono = time.monotonic_ns
+
+
+class DelayedAckConn(Conn):
+    """A connection that keeps its ACKs delayed (--delay-acks): TCP_QUICKACK
+    off before every recv(), so reading a small pushed segment does not make
+    the kernel ACK it at once. The server's Nagle scenario then holds its
+    second small write until the delayed ACK (~40 ms) every time, not only
+    when the ACK timing happens to."""
+
+    def recv(self):
+        if self.sock is not None:
+            try:
+                self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 0)
+            except OSError:
+                pass
+        return super().recv()
 
 PATH = "/v1/chat/completions"
 
@@ -134,6 +151,8 @@ def main():
     ap.add_argument("--stagger-ms", type=float, default=10.0,
                     help="delay from the response headers of one request to the next send")
     ap.add_argument("--timeout", type=float, default=30.0, help="per-recv timeout, seconds")
+    ap.add_argument("--delay-acks", action="store_true",
+                    help="keep the client's ACKs delayed (TCP_QUICKACK off before every recv)")
     args = ap.parse_args()
     # As in stream_client.py: arrival stamps need the GIL after recv().
     sys.setswitchinterval(0.0002)
@@ -156,7 +175,7 @@ def main():
     barrier = threading.Barrier(len(bodies))
 
     def worker(k):
-        conn = Conn(args.host, args.port, args.timeout)
+        conn = (DelayedAckConn if args.delay_acks else Conn)(args.host, args.port, args.timeout)
         try:
             conn.connect()
         except OSError as e:

@@ -26,6 +26,7 @@ use serde_json::Value;
 
 pub mod h2;
 pub mod tls;
+pub mod wire;
 
 /// Panics unless running as root: these tests load eBPF programs. They must
 /// fail, not skip, when run unprivileged (CI runs them as root).
@@ -1631,12 +1632,23 @@ pub fn start_infer_server() -> InferServer {
 /// order, each after the previous one's response headers plus
 /// `stagger_ms`) and returns its records, one per request.
 pub fn run_explain_client(port: u16, requests: &[Value], stagger_ms: f64) -> Vec<Value> {
+    run_explain_client_with(port, requests, stagger_ms, &[])
+}
+
+/// `run_explain_client` with extra client flags (e.g. `--delay-acks`).
+pub fn run_explain_client_with(
+    port: u16,
+    requests: &[Value],
+    stagger_ms: f64,
+    extra: &[&str],
+) -> Vec<Value> {
     let script = repo_root().join("tests/clients/explain_client.py");
     let mut cmd = Command::new(python());
     cmd.arg("-u")
         .arg(&script)
         .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--stagger-ms", &stagger_ms.to_string()]);
+        .args(["--stagger-ms", &stagger_ms.to_string()])
+        .args(extra);
     for r in requests {
         cmd.arg("--request").arg(r.to_string());
     }
