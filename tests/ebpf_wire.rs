@@ -427,6 +427,7 @@ fn tls_handshake_matches_the_clients_measurement() {
         ));
     }
     let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+    let served = server.records(rids.len());
     let lines = agent_by_rid(&mut agent, &rids);
     let stop = agent.stop();
     check_agent_exit_quiet(stop);
@@ -441,6 +442,19 @@ fn tls_handshake_matches_the_clients_measurement() {
             ms_field(a, "tls_handshake_ms").unwrap_or_else(|| panic!("no tls_handshake_ms: {a}"));
         let client = u64_field(c, "handshake_ns").expect("client handshake") as f64 / 1e6;
         diff.push(hs - client);
+        // Bracket on stamps load cannot reorder: the ClientHello left after
+        // the client's do_handshake() began, and the server's
+        // SSL_do_handshake returned before its own stamp after wrap_socket.
+        let began = u64_field(c, "t_handshake").expect("client t_handshake");
+        let done = served
+            .get(&rid)
+            .and_then(|r| u64_field(r, "t_tls"))
+            .unwrap_or_else(|| panic!("server record of {rid} without t_tls: {served:?}"));
+        let outer = done.saturating_sub(began) as f64 / 1e6;
+        assert!(
+            hs <= outer,
+            "{rid}: tls_handshake_ms {hs:.3} exceeds the client start → server done bracket {outer:.3} ms: {a}"
+        );
         assert!(
             ms_field(a, "socket_wait_ms").is_some(),
             "TLS request without socket_wait_ms: {a}"
@@ -456,16 +470,10 @@ fn tls_handshake_matches_the_clients_measurement() {
         "median |tls_handshake - client's handshake| >= 1 ms: {}",
         diff.summary()
     );
-    // The agent's interval starts when the ClientHello arrived and ends when
-    // the server's SSL_do_handshake returned, after the client's Finished:
-    // it can only exceed the client's by the server's wake-up lag. The
-    // client's own stamps can be late by its preemption (seen: 6.5 ms under
-    // stress-ng --cpu 1), so only that side is bounded per handshake.
-    assert!(
-        diff.max() < 5.0,
-        "a handshake the agent saw 5 ms longer than the client did: {}",
-        diff.summary()
-    );
+    // Per handshake, the bracket above: the agent's interval can exceed the
+    // client's own by the server's wake-up lag, which load moves (5.2 ms
+    // seen with two other developers building), so it is bounded by the
+    // server's stamp, not by the client's duration.
 }
 
 /// A client that walks away after 2 events while the server keeps writing:

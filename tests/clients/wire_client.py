@@ -18,7 +18,8 @@ gives up before the server even accepted it).
 One JSON line per connection on stdout, CLOCK_MONOTONIC ns
 (time.monotonic_ns, the clock of bpf_ktime_get_ns):
   {"rid", "client_port", "t_connect" (connect() returned),
-   "handshake_ns" (TLS: do_handshake() duration, else null),
+   "handshake_ns" (TLS: do_handshake() duration, else null), "t_handshake"
+   (TLS: just before do_handshake()),
    "t_send" (just before the request's sendall), "events" (received),
    "t_close" (just before close() with --close-after, else null),
    "error"}
@@ -49,6 +50,7 @@ def run_one(i, args, barrier, out):
             ctx.verify_mode = ssl.CERT_NONE
             sock = ctx.wrap_socket(raw, do_handshake_on_connect=False)
             t0 = time.monotonic_ns()
+            rec["t_handshake"] = t0
             sock.do_handshake()
             rec["handshake_ns"] = time.monotonic_ns() - t0
         barrier.wait()

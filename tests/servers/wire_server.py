@@ -29,7 +29,8 @@ GET /close-unanswered?rid=R
 Per request, one JSON line on stdout (all CLOCK_MONOTONIC ns, the clock of
 bpf_ktime_get_ns):
   {"rid", "path", "t_accept" (accept() returned; null for later requests on
-   the connection), "t_read" (the recv() that brought the request's first
+   the connection), "t_tls" (--tls: the server's handshake returned; null
+   likewise), "t_read" (the recv() that brought the request's first
    byte returned), "t_write": [stamp just before each event's send()],
    "writes_ok": events whose send() succeeded, "error": null | "EPIPE" | ...}
 A client that leaves mid-stream makes a send() fail (EPIPE/ECONNRESET): the
@@ -69,7 +70,7 @@ def read_request(conn, buf):
     return head, rest, t_read
 
 
-def serve_connection(conn, t_accept):
+def serve_connection(conn, t_accept, t_tls=None):
     buf = b""
     while True:
         got = read_request(conn, buf)
@@ -81,8 +82,9 @@ def serve_connection(conn, t_accept):
         url = urlsplit(target)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         rec = {"rid": q.get("rid"), "path": target, "t_accept": t_accept,
-               "t_read": t_read, "t_write": [], "writes_ok": 0, "error": None}
-        t_accept = None
+               "t_tls": t_tls, "t_read": t_read, "t_write": [], "writes_ok": 0,
+               "error": None}
+        t_accept = t_tls = None
         if url.path == "/close-unanswered":
             emit(rec)
             return
@@ -138,9 +140,11 @@ def main():
         t_accept = now()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
+            t_tls = None
             if ctx is not None:
                 conn = ctx.wrap_socket(conn, server_side=True)
-            serve_connection(conn, t_accept)
+                t_tls = now()
+            serve_connection(conn, t_accept, t_tls)
         except (ssl.SSLError, OSError) as e:
             emit({"rid": None, "path": None, "t_accept": t_accept, "t_read": None,
                   "t_write": [], "writes_ok": 0, "error": type(e).__name__})
