@@ -768,3 +768,90 @@ fn grpc_client_counts_what_arrived() {
         assert!(r.get("error").is_some_and(Value::is_null), "{r}");
     }
 }
+
+/// OpenSSL linked statically into node's executable: `tokentrace check
+/// --pid` places the probes in the executable itself, the agent attaches
+/// them there for the node process, and they deliver the plaintext: the
+/// HTTP/2 preface read through them makes an h2 connection, and every line
+/// the agent reports for node says `tls: true`. (Counts and timing over
+/// TLS are judged by `root_h2_node_sse_tls_static_openssl`.)
+#[test]
+fn root_h2_node_tls_openssl_found_in_the_executable() {
+    let title = "node TLS: OpenSSL found in the executable";
+    require_root(title);
+    let tls = TlsDir::new("node-exe");
+    let server = start_node_server(Some((tls.cert(), tls.key())));
+    let pid = server.pid();
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe"))
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap_or_default();
+    assert!(
+        !maps.contains("libssl"),
+        "node (pid {pid}) maps a libssl: this node is not the statically linked case"
+    );
+    let text = check_pid(pid);
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with(&format!("pid {pid}: {exe}: OpenSSL ("))
+                && l.contains("SSL_read")
+                && l.contains("SSL_write")),
+        "`tokentrace check --pid {pid}` places no OpenSSL probes in {exe}:\n{text}"
+    );
+    let mut agent = start_agent_with_env(&Agent::for_pids(&[pid]), AGENT_ENV);
+    let needle = format!("probing {exe}: OpenSSL (");
+    let missing = agent.wait_for_log(&[needle.as_str()], Duration::from_secs(10));
+    assert!(
+        missing.is_empty(),
+        "the agent did not attach OpenSSL probes to {exe} within 10 s; stderr:\n{}",
+        agent.proc.stderr.tail(20)
+    );
+    let client = run_h2_client(
+        H2Client::Node,
+        server.port,
+        &[
+            "--tls",
+            "--requests",
+            "4",
+            "--tokens",
+            "3",
+            "--rid-prefix",
+            "exe-",
+        ],
+        4,
+    );
+    let ids = request_ids(&client);
+    wait_for_ids(&mut agent, &ids, Duration::from_secs(10));
+    let stop = agent.stop();
+    let mut failures = Vec::new();
+    let mut exit = Report::new();
+    check_agent_exit(&agent, stop, &mut exit);
+    failures.extend(exit.failures);
+    let values = agent.values();
+    if values.is_empty() {
+        failures.push("the agent reported no request over node's TLS".into());
+    }
+    for v in &values {
+        if v.get("tls").and_then(Value::as_bool) != Some(true)
+            || str_field(v, "protocol").as_deref() != Some("h2")
+        {
+            failures.push(format!("expected tls: true, protocol h2: {v}"));
+        }
+    }
+    let summary = agent.proc.stderr.lines().into_iter().find_map(|l| {
+        serde_json::from_str::<Value>(l.trim())
+            .ok()
+            .and_then(|v| v.get("tokentrace_summary").cloned())
+    });
+    let h2 = summary
+        .as_ref()
+        .and_then(|s| s.get("stitch"))
+        .and_then(|s| s.get("h2_connections"))
+        .and_then(Value::as_u64);
+    if h2 != Some(1) {
+        failures.push(format!(
+            "summary h2_connections {h2:?}, expected 1 (the client's one TLS session): {summary:?}"
+        ));
+    }
+    assert_no_failures(title, &failures);
+}
