@@ -18,6 +18,18 @@ const PREFIX_LEN: usize = 5;
 /// default receive limit is 4 MiB).
 const MAX_RESYNC_MESSAGE: u32 = 4 << 20;
 
+/// Whether a DATA frame of `frame_len` bytes that begins with `first` is
+/// exactly one gRPC message (what a gRPC client sends as a request): how a
+/// call is recognised when HPACK could not say its content-type (tracing
+/// started mid-connection).
+pub(crate) fn is_one_message(first: &[u8], frame_len: u32) -> bool {
+    let Some(prefix) = first.get(..PREFIX_LEN) else {
+        return false;
+    };
+    let len = u32::from_be_bytes([prefix[1], prefix[2], prefix[3], prefix[4]]);
+    prefix[0] <= 1 && u64::from(len) + PREFIX_LEN as u64 == u64::from(frame_len)
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
     Prefix { buf: [u8; PREFIX_LEN], have: usize },

@@ -357,7 +357,7 @@ impl H2Conn {
             Kind::Data => {
                 if let Some(s) = self.streams.get_mut(&frame.stream) {
                     match dir {
-                        Direction::Ingress => s.request_data(bytes, ts),
+                        Direction::Ingress => s.request_data(bytes, first, frame.len, ts),
                         Direction::Egress => s.response_data(bytes, first, frame.len, ts),
                     }
                 }

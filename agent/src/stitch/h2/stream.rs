@@ -9,7 +9,7 @@ use super::super::input::Bytes;
 use super::super::json_fields::BodyPrefix;
 use super::super::response::Content;
 use super::super::timeline::{AbortReason, BodyKind, Protocol, RequestTimeline};
-use super::grpc::MessageWalker;
+use super::grpc::{is_one_message, MessageWalker};
 use super::labels::Labels;
 
 #[derive(Debug, Clone)]
@@ -34,6 +34,10 @@ pub(crate) struct Stream {
     frame_had_data: bool,
     /// Most bytes kept of a body prefix or an SSE event.
     cap: usize,
+    /// A request DATA frame was seen; the first was exactly one gRPC
+    /// message.
+    request_data_seen: bool,
+    request_looks_grpc: bool,
 }
 
 impl Stream {
@@ -66,6 +70,8 @@ impl Stream {
             request_prefix: Some(BodyPrefix::new(cap)),
             frame_had_data: false,
             cap,
+            request_data_seen: false,
+            request_looks_grpc: false,
         }
     }
 
@@ -88,6 +94,8 @@ impl Stream {
             request_prefix: None,
             frame_had_data: false,
             cap,
+            request_data_seen: false,
+            request_looks_grpc: false,
         }
     }
 
@@ -118,7 +126,21 @@ impl Stream {
         tl.request_headers = labels.ids_in_order(ids);
     }
 
-    pub(crate) fn request_data(&mut self, bytes: Bytes<'_>, ts: MonoNs) {
+    /// Payload of a client DATA frame of `frame_len` bytes; `first` when
+    /// it is the frame's first payload.
+    pub(crate) fn request_data(
+        &mut self,
+        bytes: Bytes<'_>,
+        first: bool,
+        frame_len: u32,
+        ts: MonoNs,
+    ) {
+        if first && !self.request_data_seen {
+            self.request_data_seen = true;
+            if let Bytes::Known(b) = bytes {
+                self.request_looks_grpc = is_one_message(b, frame_len);
+            }
+        }
         let tl = &mut self.ex.timeline;
         tl.request_bytes += bytes.len();
         tl.request_end = ts;
@@ -163,7 +185,11 @@ impl Stream {
         self.response_headers_seen = true;
         tl.status = labels.status;
         tl.content_type.clone_from(&labels.content_type);
-        let grpc = labels.is_grpc() || tl.protocol == Protocol::Grpc;
+        // Without a content-type (HPACK could not decode it), a request body
+        // that is one gRPC message says what the response is.
+        let grpc = labels.is_grpc()
+            || tl.protocol == Protocol::Grpc
+            || (labels.content_type.is_none() && self.request_looks_grpc);
         let kind = if grpc {
             tl.protocol = Protocol::Grpc;
             BodyKind::Grpc

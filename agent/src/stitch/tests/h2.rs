@@ -464,3 +464,25 @@ fn a_server_that_sends_its_settings_before_reading_the_preface_is_http2() {
     assert_eq!(sim.st.stats().parse_errors, 0);
     assert_eq!(sim.st.stats().h2_connections, 1);
 }
+
+#[test]
+fn a_call_whose_content_type_hpack_cannot_decode_is_still_grpc_by_its_body() {
+    // Attached mid-connection: the client's and the server's content-type
+    // are dynamic-table entries from before tracing (indexes 62, 63).
+    let mut sim = Sim::without_accept(StitchConfig::default());
+    let mut r = frame(HEADERS, END_HEADERS, 5, &[0x83, 0xbe, 0xbf]);
+    r.extend(frame(DATA, END_STREAM, 5, &grpc_message(b"{\"n\":2}")));
+    sim.read_at(18, 20, r);
+    sim.write(30, frame(HEADERS, END_HEADERS, 5, &[0x88, 0xbe]));
+    // Two messages in one frame: a chunk each, not one per frame.
+    let mut two = grpc_message(b"a");
+    two.extend(grpc_message(b"b"));
+    sim.write(40, frame(DATA, 0, 5, &two));
+    sim.write(50, frame(HEADERS, END_HEADERS | END_STREAM, 5, &[0xbf]));
+    let t = sim.one();
+    assert_eq!(t.protocol, Protocol::Grpc);
+    assert_eq!(t.body_kind, Some(BodyKind::Grpc));
+    assert_eq!(t.chunk_ts, vec![40, 40]);
+    assert_eq!(t.method, "POST");
+    assert_eq!(t.path, "", "the path was an unknown index");
+}
