@@ -22,6 +22,32 @@ pub fn slope_mib_per_hour(samples: &[(f64, f64)]) -> Option<f64> {
     (den > 0.0).then(|| num / den * 3600.0)
 }
 
+/// Least-squares slope shared by several spans of time, each with its own
+/// level (the pooled within-window slope), in MiB per hour: how RSS moves
+/// while the load is steady, leaving out the steps between the windows.
+/// None without two samples at distinct times in some window.
+pub fn pooled_slope_mib_per_hour(samples: &[(f64, f64)], windows: &[Window]) -> Option<f64> {
+    let (mut num, mut den) = (0.0, 0.0);
+    for w in windows {
+        let pts: Vec<(f64, f64)> = samples
+            .iter()
+            .copied()
+            .filter(|s| s.0 >= w.from && s.0 < w.to)
+            .collect();
+        if pts.len() < 2 {
+            continue;
+        }
+        let n = pts.len() as f64;
+        let mt = pts.iter().map(|p| p.0).sum::<f64>() / n;
+        let mm = pts.iter().map(|p| p.1).sum::<f64>() / n;
+        for (t, m) in &pts {
+            num += (t - mt) * (m - mm);
+            den += (t - mt) * (t - mt);
+        }
+    }
+    (den > 0.0).then(|| num / den * 3600.0)
+}
+
 /// Requests (answered ok by the server) that no agent reported, among those
 /// sent in `[from, to)`.
 #[derive(Debug, PartialEq)]
@@ -158,6 +184,42 @@ mod tests {
         assert_eq!((g.uncovered, g.covered_inside), (2, 1));
         let open_end: HashSet<u64> = (0..8).collect();
         assert_eq!(coverage(&all, &open_end, 0.0, 100.0).gap_ms, None);
+    }
+
+    #[test]
+    fn the_pooled_slope_ignores_steps_between_windows() {
+        // flat inside each window, a 10 MiB step between them: no slope
+        let mut samples: Vec<(f64, f64)> = (0..100).map(|i| (i as f64, 50.0)).collect();
+        samples.extend((200..300).map(|i| (i as f64, 60.0)));
+        let w = [
+            Window {
+                from: 0.0,
+                to: 100.0,
+            },
+            Window {
+                from: 200.0,
+                to: 300.0,
+            },
+        ];
+        assert_eq!(pooled_slope_mib_per_hour(&samples, &w), Some(0.0));
+        assert!(
+            slope_mib_per_hour(&samples).is_some_and(|s| s > 100.0),
+            "the plain fit sees the step"
+        );
+        // a leak inside the windows shows: 1 MiB per 1000 s = 3.6 MiB/h
+        let leaking: Vec<(f64, f64)> = samples.iter().map(|&(t, m)| (t, m + t / 1000.0)).collect();
+        let s = pooled_slope_mib_per_hour(&leaking, &w).expect("slope");
+        assert!((s - 3.6).abs() < 1e-9, "{s}");
+        assert_eq!(
+            pooled_slope_mib_per_hour(
+                &samples,
+                &[Window {
+                    from: 500.0,
+                    to: 600.0
+                }]
+            ),
+            None
+        );
     }
 
     #[test]

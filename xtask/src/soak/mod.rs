@@ -6,10 +6,11 @@
 //!    `--rate` requests/min (2000), traced by `tokentrace run --port P`
 //!    exporting OTLP/gRPC to a real collector (rotel), which is taken down
 //!    `--down-seconds` (60) of every `--cycle-seconds` (300). Agent RSS is
-//!    sampled every second: least-squares slope in MiB/hour over the second
-//!    half of the phase (bounded buffers raise RSS in steps at each new
-//!    high-water mark of an outage's backlog; after several outages a leak
-//!    is what is left; see report.rs). Spans of requests reported while the collector is
+//!    sampled every second: the least-squares slope in MiB/hour while the
+//!    load is steady and the collector up, pooled over the windows after
+//!    the first outage (bounded buffers raise RSS in steps at outages, at
+//!    each new high-water mark of the backlog; a per-request leak shows
+//!    inside the windows; see report.rs). Spans of requests reported while the collector is
 //!    up (after the outage's backlog drained) must all reach it; what the
 //!    agent drops is counted by its own counters.
 //! 2. **server restart under `--port`** — SIGTERM, a new process (new pid)
