@@ -174,6 +174,18 @@ impl Connection {
         if self.h2.is_none() && self.exchanges.opened() == 0 {
             self.detect_h2(ev.direction, &io, sink);
         }
+        if self.h2.is_some()
+            && ev.direction == Direction::Egress
+            && h2::begins_with_preface(io.known)
+        {
+            // Taken for a server from the peer's SETTINGS (a connection
+            // first seen mid-way, e.g. nginx's grpc_pass upstream): the
+            // preface it writes makes the traced process the client.
+            self.h2 = None;
+            self.role = Role::Client;
+            sink.client_connection();
+            return;
+        }
         if self.h2.is_some() {
             self.on_h2_data(ev.direction, &io, sink);
             return;

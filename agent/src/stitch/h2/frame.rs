@@ -293,6 +293,14 @@ impl FrameReader {
                         self.state = NEW_HEADER;
                     }
                 }
+                State::Header { have: 0, .. } if matches!(input, Bytes::Known(b) if b.starts_with(&PREFACE[..4])) =>
+                {
+                    // A connection taken for one already under way whose
+                    // client preface comes now (a TLS connection the agent
+                    // first saw through the server's SETTINGS): `PRI ` can
+                    // be no frame header (a 5 MB frame of type 0x20).
+                    self.state = State::Preface { matched: 0 };
+                }
                 State::Header { buf, have } => {
                     let Bytes::Known(bytes) = input else {
                         self.state = State::Lost;

@@ -132,6 +132,10 @@ pub(crate) struct H2Conn {
     /// Adopted mid-connection: streams below `first_opened` predate us.
     midstream: bool,
     skipped: BTreeSet<u32>,
+    /// The current read already carried a frame of some stream: a HEADERS
+    /// after it is not dated by the read's oldest byte (which belongs to
+    /// that other frame).
+    read_mixed: bool,
     /// Charged to the connection's first stream.
     setup: Setup,
     opened: u64,
@@ -204,6 +208,7 @@ impl H2Conn {
             first_opened: None,
             midstream,
             skipped: BTreeSet::new(),
+            read_mixed: false,
             setup,
             opened: 0,
             cap,
@@ -226,6 +231,9 @@ impl H2Conn {
         let half = self.half(dir);
         if half.reader.is_lost() && !half.reader.resync(io.known, io.is_truncated()) {
             return Ok(());
+        }
+        if dir == Direction::Ingress {
+            self.read_mixed = false;
         }
         for mut piece in io.pieces() {
             loop {
@@ -301,10 +309,13 @@ impl H2Conn {
         sink: &mut Sink<'_>,
     ) {
         let id = frame.stream;
+        let opens =
+            frame.kind == Kind::Headers && !self.streams.contains_key(&id) && id > self.last_opened;
         match (frame.kind, dir) {
             (Kind::Headers, _) => {
                 if dir == Direction::Ingress {
-                    self.open_stream(id, io, sink);
+                    let dated = !self.read_mixed;
+                    self.open_stream(id, io, dated, sink);
                 } else if let Some(s) = self.streams.get_mut(&id) {
                     s.server_headers_start(io.ts);
                 }
@@ -342,6 +353,12 @@ impl H2Conn {
                 }
             }
             _ => {}
+        }
+        // Requests opened together (a burst of HEADERS in one read) arrived
+        // together; a frame of a stream already open says the read began
+        // with older bytes.
+        if dir == Direction::Ingress && id != 0 && !opens {
+            self.read_mixed = true;
         }
     }
 
@@ -477,7 +494,9 @@ impl H2Conn {
         }
     }
 
-    fn open_stream(&mut self, id: u32, io: &Io<'_>, sink: &mut Sink<'_>) {
+    /// `dated`: the read's arrival time is this HEADERS' own (no frame of
+    /// another stream came before it in the read).
+    fn open_stream(&mut self, id: u32, io: &Io<'_>, dated: bool, sink: &mut Sink<'_>) {
         if self.streams.contains_key(&id) || id.is_multiple_of(2) || id <= self.last_opened {
             return; // trailers of a request, or a stream we skipped
         }
@@ -498,7 +517,7 @@ impl H2Conn {
         self.opened += 1;
         let start = RequestStart {
             read: io.ts,
-            ingress: io.ingress,
+            ingress: io.ingress.filter(|_| dated),
         };
         self.windows.stream_opened(id, io.ts);
         let share = self.cap / (self.streams.len() + 1);

@@ -38,6 +38,9 @@ pub(crate) struct Stream {
     /// message.
     request_data_seen: bool,
     request_looks_grpc: bool,
+    /// The response's content-type could not be decoded: its first DATA
+    /// bytes decide whether it is SSE.
+    sniff_sse: bool,
 }
 
 impl Stream {
@@ -72,6 +75,7 @@ impl Stream {
             cap,
             request_data_seen: false,
             request_looks_grpc: false,
+            sniff_sse: false,
         }
     }
 
@@ -96,6 +100,7 @@ impl Stream {
             cap,
             request_data_seen: false,
             request_looks_grpc: false,
+            sniff_sse: false,
         }
     }
 
@@ -203,6 +208,7 @@ impl Stream {
             BodyKind::Chunked
         };
         tl.body_kind = Some(kind);
+        self.sniff_sse = kind == BodyKind::Chunked && labels.content_type.is_none();
         self.body = match kind {
             BodyKind::Grpc => Body::Grpc(MessageWalker::default()),
             kind => Body::Content(Content::new(kind, self.cap)),
@@ -229,6 +235,14 @@ impl Stream {
             return;
         }
         self.frame_had_data = true;
+        if std::mem::take(&mut self.sniff_sse) {
+            if let Bytes::Known(b) = bytes {
+                if looks_like_sse(b) {
+                    self.ex.timeline.body_kind = Some(BodyKind::Sse);
+                    self.body = Body::Content(Content::new(BodyKind::Sse, self.cap));
+                }
+            }
+        }
         let tl = &mut self.ex.timeline;
         tl.response_bytes += bytes.len();
         tl.first_body_byte.get_or_insert(ts);
@@ -290,4 +304,12 @@ impl Stream {
         }
         self.ex.into_timeline(end, abort)
     }
+}
+
+/// Whether a body begins like an event stream: a field line (`data:`,
+/// `event:`, `id:`, `retry:`) or a comment (`:`).
+fn looks_like_sse(body: &[u8]) -> bool {
+    [&b"data:"[..], b"event:", b"id:", b"retry:", b":"]
+        .iter()
+        .any(|field| body.starts_with(field))
 }

@@ -486,3 +486,97 @@ fn a_call_whose_content_type_hpack_cannot_decode_is_still_grpc_by_its_body() {
     assert_eq!(t.method, "POST");
     assert_eq!(t.path, "", "the path was an unknown index");
 }
+
+#[test]
+fn a_tls_connection_first_seen_through_the_servers_settings_still_reads_the_preface() {
+    // node over TLS: no accept for the SSL* connection, the server writes
+    // SETTINGS first, then the client's preface and request arrive.
+    let mut sim = Sim::without_accept(StitchConfig::default());
+    sim.write(5, frame(SETTINGS, 0, 0, &[]));
+    let mut r = client_start();
+    r.extend(sse_request(1, "tls"));
+    sim.read_at(8, 10, r);
+    sim.write(20, sse_headers(1));
+    sim.write(30, sse_event(1, 0, true));
+    let t = sim.one();
+    assert_eq!(t.request_id(), Some("tls"));
+    assert_eq!(t.chunk_ts, vec![30]);
+    assert_eq!(sim.st.stats().parse_errors, 0);
+}
+
+#[test]
+fn a_connection_taken_for_a_server_whose_process_then_writes_the_preface_is_a_client() {
+    // nginx grpc_pass upstream: first seen reading grpcio's SETTINGS.
+    let mut sim = Sim::without_accept(StitchConfig::default());
+    sim.read(5, frame(SETTINGS, 0, 0, &[]));
+    let mut w = client_start();
+    w.extend(grpc_request(1, "up"));
+    sim.write(10, w);
+    sim.read(20, grpc_response_headers(1));
+    sim.read(30, frame(DATA, 0, 1, &grpc_message(b"t")));
+    sim.read(40, grpc_trailers(1, "0"));
+    sim.close(50);
+    assert!(
+        sim.take().is_empty(),
+        "the upstream call is not the traced process's request"
+    );
+    assert_eq!(sim.st.stats().client_connections, 1);
+}
+
+#[test]
+fn a_headers_frame_after_another_streams_frame_in_one_read_is_not_dated_by_it() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(sse_request(1, "a"));
+    sim.read_at(1, 2, r);
+    sim.write(10, sse_headers(1));
+    sim.write(11, sse_event(1, 0, false));
+    // The previous call's RST_STREAM and the next call's HEADERS in one
+    // read: the read's oldest byte (at 15) is the reset's, not the request's.
+    let mut r = frame(RST_STREAM, 0, 1, &8u32.to_be_bytes());
+    r.extend(sse_request(3, "b"));
+    sim.read_at(15, 40, r);
+    sim.write(50, sse_headers(3));
+    sim.write(60, sse_event(3, 0, true));
+    let mut out = sim.take();
+    out.sort_by_key(|t| t.stream_id);
+    assert_eq!(out.len(), 2);
+    assert_eq!(out[1].stream_id, Some(3));
+    assert_eq!(
+        out[1].request_start, 40,
+        "timed from the read, not the reset's arrival"
+    );
+    assert!(!out[1].ingress_known);
+    // Requests that open together keep the read's arrival.
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(sse_request(1, "x"));
+    r.extend(sse_request(3, "y"));
+    sim.read_at(1, 2, r);
+    for id in [1, 3] {
+        sim.write(10, sse_headers(id));
+        sim.write(20, sse_event(id, 0, true));
+    }
+    for t in sim.take() {
+        assert_eq!(t.request_start, 1, "{:?}", t.stream_id);
+    }
+}
+
+#[test]
+fn an_event_stream_whose_content_type_hpack_cannot_decode_is_still_sse_by_its_body() {
+    let mut sim = Sim::without_accept(StitchConfig::default());
+    sim.read_at(
+        18,
+        20,
+        frame(HEADERS, END_HEADERS | END_STREAM, 3, &[0x82, 0xbe]),
+    );
+    // :status 200, content-type from an index the agent never saw.
+    sim.write(30, frame(HEADERS, END_HEADERS, 3, &[0x88, 0xbe]));
+    sim.write(40, sse_event(3, 0, false));
+    sim.write(50, sse_event(3, 1, false));
+    sim.write(60, frame(DATA, END_STREAM, 3, b"data: [DONE]\n\n"));
+    let t = sim.one();
+    assert_eq!(t.body_kind, Some(BodyKind::Sse));
+    assert_eq!(t.chunk_ts, vec![40, 50], "[DONE] is no token");
+    assert!(t.done_seen);
+}
