@@ -133,16 +133,27 @@ fn judge(
     tls: bool,
     failures: &mut Vec<String>,
 ) {
-    judge_with(
-        title,
-        client,
-        agent,
-        pid,
-        grpc,
-        tls,
-        &Tolerance::light(),
-        failures,
-    );
+    let tol = if grpc {
+        grpcio_tolerance()
+    } else {
+        Tolerance::light()
+    };
+    judge_with(title, client, agent, pid, grpc, tls, &tol, failures);
+}
+
+/// grpcio: neither outside view is next to its writes. The server's stamp
+/// is taken before the handler yields, and grpc-core's own threads write
+/// the message later; the client's arrival comes through grpc-core's
+/// threads to Python. Medians measured under `stress-ng --cpu 1`: TTFT best
+/// of the two 0.57-1.20 ms, client arrival − emit 0.41-1.21 ms (a 1 ms
+/// light-load median failed twice in a stressed full run). Medians get
+/// 2 ms; per-request bounds, per-chunk bounds and brackets stay.
+fn grpcio_tolerance() -> Tolerance {
+    Tolerance {
+        ttft_p50_ms: 2.0,
+        arrival_minus_emit_p50_ms: 2.0,
+        ..Tolerance::light()
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -526,7 +537,7 @@ fn mid_connection_judge(
         .map(|c| client_record(c, true, false))
         .collect();
     let keyed = rekey_agent(&keyed);
-    let tol = Tolerance::light();
+    let tol = grpcio_tolerance();
     let mut report = Report::new();
     compare(
         &client,
@@ -664,6 +675,17 @@ fn proxy_tolerance() -> Tolerance {
         ttft_abs_ms: 3.0,
         ttft_p50_ms: 2.5,
         ..Tolerance::light()
+    }
+}
+
+/// nginx grpc_pass in front of grpcio: the proxy's bounds, and for the
+/// client's arrivals (behind nginx's forwarding) the room grpcio's get,
+/// plus the hop (measured under stress: arrival − grpcio's emit p50
+/// 1.21 ms).
+fn grpc_proxy_tolerance() -> Tolerance {
+    Tolerance {
+        arrival_minus_emit_p50_ms: 2.5,
+        ..proxy_tolerance()
     }
 }
 
@@ -978,7 +1000,7 @@ fn root_h2_nginx_grpc_pass() {
     }
     // Neither outside view is next to either hop: the client is behind
     // nginx, and grpcio's own stamps are taken before its threads write:
-    // both timelines get the proxy tolerance (brackets and counts stay).
+    // both timelines get the proxy bounds (brackets and counts stay).
     for (pid, who) in [(nginx.worker, "nginx"), (upstream.pid(), "grpcio")] {
         let lines = per_pid.remove(&u64::from(pid)).unwrap_or_default();
         judge_with(
@@ -988,7 +1010,7 @@ fn root_h2_nginx_grpc_pass() {
             pid,
             true,
             false,
-            &proxy_tolerance(),
+            &grpc_proxy_tolerance(),
             &mut failures,
         );
     }
