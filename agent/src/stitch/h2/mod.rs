@@ -132,10 +132,12 @@ pub(crate) struct H2Conn {
     /// Adopted mid-connection: streams below `first_opened` predate us.
     midstream: bool,
     skipped: BTreeSet<u32>,
-    /// The current read already carried a frame of some stream: a HEADERS
-    /// after it is not dated by the read's oldest byte (which belongs to
-    /// that other frame).
+    /// The current read already carried a frame that is not part of the
+    /// requests it opens: a HEADERS after it is not dated by the read's
+    /// oldest byte (which may be that frame's, older than the request).
     read_mixed: bool,
+    /// The first stream opened by the current read.
+    read_first_new: Option<u32>,
     /// Charged to the connection's first stream.
     setup: Setup,
     opened: u64,
@@ -209,6 +211,7 @@ impl H2Conn {
             midstream,
             skipped: BTreeSet::new(),
             read_mixed: false,
+            read_first_new: None,
             setup,
             opened: 0,
             cap,
@@ -234,7 +237,10 @@ impl H2Conn {
         }
         if dir == Direction::Ingress {
             self.read_mixed = false;
+            self.read_first_new = None;
         }
+        let total = io.known.len() as u64 + io.unknown;
+        let mut after_known = io.unknown;
         for mut piece in io.pieces() {
             loop {
                 let event = match self.half(dir).reader.next(&mut piece) {
@@ -248,8 +254,13 @@ impl H2Conn {
                         });
                     }
                 };
-                self.on_event(dir, event, io, sink, finished);
+                // Where in this syscall the event's frame began (a Start
+                // comes right after its 9-byte header).
+                let consumed = total - piece.len() - after_known;
+                let at = consumed.saturating_sub(frame::HEADER_LEN as u64);
+                self.on_event(dir, event, io, at, sink, finished);
             }
+            after_known = 0;
         }
         Ok(())
     }
@@ -266,6 +277,7 @@ impl H2Conn {
         dir: Direction,
         event: FrameEvent<'_>,
         io: &Io<'_>,
+        at: u64,
         sink: &mut Sink<'_>,
         finished: &mut Vec<RequestTimeline>,
     ) {
@@ -275,7 +287,7 @@ impl H2Conn {
                 half.frame = Some((frame, false));
                 half.control.clear();
                 half.control_cut = false;
-                self.frame_start(dir, frame, io, sink);
+                self.frame_start(dir, frame, io, at, sink);
             }
             FrameEvent::Payload(bytes) => {
                 let Some((frame, started)) = self.half(dir).frame else {
@@ -306,16 +318,23 @@ impl H2Conn {
         dir: Direction,
         frame: FrameHeader,
         io: &Io<'_>,
+        at: u64,
         sink: &mut Sink<'_>,
     ) {
         let id = frame.stream;
         let opens =
             frame.kind == Kind::Headers && !self.streams.contains_key(&id) && id > self.last_opened;
+        // Frames of requests opened together in this read (a burst of
+        // HEADERS and their DATA) arrived together.
+        let in_burst = opens || (id != 0 && self.read_first_new.is_some_and(|first| id >= first));
         match (frame.kind, dir) {
             (Kind::Headers, _) => {
                 if dir == Direction::Ingress {
-                    let dated = !self.read_mixed;
+                    let dated = at == 0 || !self.read_mixed;
                     self.open_stream(id, io, dated, sink);
+                    if opens {
+                        self.read_first_new.get_or_insert(id);
+                    }
                 } else if let Some(s) = self.streams.get_mut(&id) {
                     s.server_headers_start(io.ts);
                 }
@@ -354,10 +373,10 @@ impl H2Conn {
             }
             _ => {}
         }
-        // Requests opened together (a burst of HEADERS in one read) arrived
-        // together; a frame of a stream already open says the read began
-        // with older bytes.
-        if dir == Direction::Ingress && id != 0 && !opens {
+        // Any other frame before a HEADERS in the same read (the preface's
+        // SETTINGS, a previous call's RST_STREAM, a WINDOW_UPDATE) may have
+        // arrived earlier: the read's oldest byte is then not the request's.
+        if dir == Direction::Ingress && !in_burst {
             self.read_mixed = true;
         }
     }
