@@ -42,6 +42,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use common::h2::*;
+use common::nginx::Nginx;
 use common::tls::TlsDir;
 use common::*;
 

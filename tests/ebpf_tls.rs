@@ -41,14 +41,15 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
+use std::net::TcpStream;
+use std::path::Path;
 use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use common::nginx::Nginx;
 use common::tls::TlsDir;
 use common::*;
 
@@ -476,13 +477,6 @@ fn tolerance() -> Tolerance {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a free port")
-}
-
 /// One plain HTTP/1.1 GET (Connection: close): (status, body).
 fn http_get(port: u16, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect to the test server");
@@ -503,80 +497,12 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
     (status, body.to_string())
 }
 
-// ------------------------------------------------------------------- nginx
-
-/// nginx in the foreground (`daemon off; master_process on;`, one worker)
-/// with its own prefix, config, pid file and logs in the test's temp dir,
-/// terminating TLS on `port` and proxying to `upstream` without buffering.
-struct Nginx {
-    master: Proc,
-    workers: Vec<u32>,
-    port: u16,
-    error_log: PathBuf,
-}
-
-fn nginx_bin() -> String {
-    for p in [
-        "/usr/sbin/nginx",
-        "/usr/local/sbin/nginx",
-        "/usr/local/nginx/sbin/nginx",
-    ] {
-        if Path::new(p).is_file() {
-            return p.to_string();
-        }
-    }
-    "nginx".to_string()
-}
-
-/// Pids whose parent is `ppid` (scan of /proc/*/stat).
-fn children_of(ppid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let parent = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if parent == Some(ppid) {
-            out.push(pid);
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
-impl Nginx {
-    fn start(dir: &TlsDir, upstream: u16) -> Nginx {
-        let port = free_port();
-        let d = dir.dir.display();
-        let conf = dir.dir.join("nginx.conf");
-        let error_log = dir.dir.join("error.log");
-        let text = format!(
-            r#"# tests/ebpf_tls.rs: TLS termination in front of a plaintext streaming server
-daemon off;
-master_process on;
-worker_processes 1;
-user root;
-pid {d}/nginx.pid;
-error_log {d}/error.log info;
-events {{ worker_connections 256; }}
-http {{
-    access_log off;
-    client_body_temp_path {d}/client_body;
-    proxy_temp_path {d}/proxy;
-    fastcgi_temp_path {d}/fastcgi;
-    uwsgi_temp_path {d}/uwsgi;
-    scgi_temp_path {d}/scgi;
-    server {{
-        listen 127.0.0.1:{port} ssl;
+/// The server block of nginx terminating TLS on `{port}` and proxying to
+/// `upstream` without buffering.
+fn tls_proxy_block(dir: &TlsDir, upstream: u16) -> String {
+    format!(
+        r#"    server {{
+        listen 127.0.0.1:{{port}} ssl;
         ssl_certificate {cert};
         ssl_certificate_key {key};
         keepalive_timeout 60s;
@@ -587,97 +513,10 @@ http {{
             proxy_buffering off;
             chunked_transfer_encoding on;
         }}
-    }}
-}}
-"#,
-            cert = dir.cert(),
-            key = dir.key()
-        );
-        std::fs::write(&conf, text).expect("write nginx.conf");
-        let bin = nginx_bin();
-        let mut cmd = Command::new(&bin);
-        cmd.arg("-p")
-            .arg(&dir.dir)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-e")
-            .arg(&error_log);
-        let mut master = Proc::spawn("nginx", &mut cmd);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(st) = master.try_exit() {
-                panic!(
-                    "nginx ({bin}) exited at start ({st}); is it installed (apt-get install nginx; \
-                     `cargo xtask deps` does)? stderr:\n{}\nerror.log:\n{}",
-                    master.stderr.tail(20),
-                    std::fs::read_to_string(&error_log).unwrap_or_default()
-                );
-            }
-            let workers = children_of(master.pid());
-            if !workers.is_empty() && TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                eprintln!(
-                    "[test] nginx master {} worker(s) {workers:?} on port {port}, upstream {upstream}",
-                    master.pid()
-                );
-                return Nginx {
-                    master,
-                    workers,
-                    port,
-                    error_log,
-                };
-            }
-            if Instant::now() >= deadline {
-                panic!(
-                    "nginx not listening on {port} with a worker within 15 s; error.log:\n{}",
-                    std::fs::read_to_string(&error_log).unwrap_or_default()
-                );
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn worker(&self) -> u32 {
-        assert_eq!(
-            self.workers.len(),
-            1,
-            "worker_processes 1 gives one worker, found {:?}",
-            self.workers
-        );
-        self.workers[0]
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            eprintln!(
-                "---- nginx error.log tail ----\n{}",
-                std::fs::read_to_string(&self.error_log)
-                    .unwrap_or_default()
-                    .lines()
-                    .rev()
-                    .take(30)
-                    .collect::<Vec<_>>()
-                    .into_iter()
-                    .rev()
-                    .collect::<Vec<_>>()
-                    .join("\n")
-            );
-        }
-        // fast shutdown: the master stops its workers; SIGKILL (the Proc
-        // guard) would leave them running
-        self.master.signal(libc::SIGTERM);
-        let _ = self.master.wait_timeout(Duration::from_secs(5));
-        for &w in &self.workers {
-            let comm = std::fs::read_to_string(format!("/proc/{w}/comm")).unwrap_or_default();
-            if comm.trim() == "nginx" {
-                // SAFETY: kill(2) on the worker our nginx forked
-                unsafe {
-                    libc::kill(w as libc::pid_t, libc::SIGKILL);
-                }
-            }
-        }
-    }
+    }}"#,
+        cert = dir.cert(),
+        key = dir.key()
+    )
 }
 
 /// nginx terminating TLS in front of tests/servers/stdlib_sse.py, both
@@ -695,7 +534,7 @@ fn nginx_scenario(title: &str, agent_first: bool) {
         ];
         args.extend(Agent::for_pids(&[upstream.pid()]));
         let agent = start_agent_with_env(&args, AGENT_ENV);
-        let nginx = Nginx::start(&tls, upstream.port);
+        let nginx = Nginx::start(&tls.dir, &tls_proxy_block(&tls, upstream.port));
         // the agent learns of nginx from its exec and attaches the OpenSSL
         // probes asynchronously: wait for that before sending traffic
         let t = Instant::now();
@@ -713,15 +552,15 @@ fn nginx_scenario(title: &str, agent_first: bool) {
         );
         (agent, nginx)
     } else {
-        let nginx = Nginx::start(&tls, upstream.port);
+        let nginx = Nginx::start(&tls.dir, &tls_proxy_block(&tls, upstream.port));
         let mut pids = vec![nginx.master.pid()];
-        pids.extend(&nginx.workers);
+        pids.push(nginx.worker);
         pids.push(upstream.pid());
         let agent = start_agent_with_env(&Agent::for_pids(&pids), AGENT_ENV);
         note_attach_at_ready(&agent);
         (agent, nginx)
     };
-    let worker = nginx.worker();
+    let worker = nginx.worker;
     assert_check_lists_openssl(worker);
 
     let client = run_all(nginx.port, &tls_runs());

@@ -8,8 +8,6 @@
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::thread;
@@ -25,13 +23,6 @@ pub const GRPC_PATH: &str = "/tokentrace.test.Streamer/Generate";
 /// node, the runtime of the HTTP/2 SSE server and client.
 pub fn node() -> String {
     std::env::var("TOKENTRACE_TEST_NODE").unwrap_or_else(|_| "node".to_string())
-}
-
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("binding a free port")
 }
 
 /// A test server that printed `READY <port>`.
@@ -436,143 +427,6 @@ pub fn check_h2_fields(
             let ok = got.as_deref() == Some(want) || (path_may_be_unknown && got.is_none());
             if !ok {
                 f(format!("{k} {got:?}, expected {want:?}"));
-            }
-        }
-    }
-}
-
-// ------------------------------------------------------------------- nginx
-
-pub fn nginx_bin() -> String {
-    for p in [
-        "/usr/sbin/nginx",
-        "/usr/local/sbin/nginx",
-        "/usr/local/nginx/sbin/nginx",
-    ] {
-        if Path::new(p).is_file() {
-            return p.to_string();
-        }
-    }
-    "nginx".to_string()
-}
-
-/// Pids whose parent is `ppid`.
-pub fn children_of(ppid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return out;
-    };
-    for e in dir.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        let parent = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if parent == Some(ppid) {
-            out.push(pid);
-        }
-    }
-    out.sort_unstable();
-    out
-}
-
-/// nginx in the foreground (one worker) with its prefix, config and logs in
-/// `dir`, serving `server_block` (an http `server { … }` whose `listen`
-/// uses `{port}`, replaced by a free port).
-pub struct Nginx {
-    pub master: Proc,
-    pub worker: u32,
-    pub port: u16,
-    error_log: PathBuf,
-}
-
-impl Nginx {
-    pub fn start(dir: &Path, server_block: &str) -> Nginx {
-        let port = free_port();
-        let d = dir.display();
-        let conf = dir.join("nginx.conf");
-        let error_log = dir.join("error.log");
-        let server_block = server_block.replace("{port}", &port.to_string());
-        let text = format!(
-            "# tests/ebpf_http2.rs\n\
-             daemon off;\nmaster_process on;\nworker_processes 1;\nuser root;\n\
-             pid {d}/nginx.pid;\nerror_log {d}/error.log info;\n\
-             events {{ worker_connections 256; }}\n\
-             http {{\n    access_log off;\n\
-             client_body_temp_path {d}/client_body;\n    proxy_temp_path {d}/proxy;\n\
-             fastcgi_temp_path {d}/fastcgi;\n    uwsgi_temp_path {d}/uwsgi;\n\
-             scgi_temp_path {d}/scgi;\n{server_block}\n}}\n"
-        );
-        std::fs::write(&conf, text).expect("write nginx.conf");
-        let bin = nginx_bin();
-        let mut cmd = Command::new(&bin);
-        cmd.arg("-p")
-            .arg(dir)
-            .arg("-c")
-            .arg(&conf)
-            .arg("-e")
-            .arg(&error_log);
-        let mut master = Proc::spawn("nginx", &mut cmd);
-        let deadline = Instant::now() + Duration::from_secs(15);
-        loop {
-            if let Some(st) = master.try_exit() {
-                panic!(
-                    "nginx ({bin}) exited at start ({st}); is it installed (apt-get install nginx; \
-                     `cargo xtask deps` does)? stderr:\n{}\nerror.log:\n{}",
-                    master.stderr.tail(20),
-                    std::fs::read_to_string(&error_log).unwrap_or_default()
-                );
-            }
-            let workers = children_of(master.pid());
-            if workers.len() == 1 && TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                eprintln!(
-                    "[test] nginx master {} worker {} on port {port}",
-                    master.pid(),
-                    workers[0]
-                );
-                return Nginx {
-                    master,
-                    worker: workers[0],
-                    port,
-                    error_log,
-                };
-            }
-            assert!(
-                Instant::now() < deadline,
-                "nginx not listening on {port} with one worker within 15 s; error.log:\n{}",
-                std::fs::read_to_string(&error_log).unwrap_or_default()
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Nginx {
-    fn drop(&mut self) {
-        if thread::panicking() {
-            let log = std::fs::read_to_string(&self.error_log).unwrap_or_default();
-            let lines: Vec<&str> = log.lines().collect();
-            let from = lines.len().saturating_sub(30);
-            eprintln!(
-                "---- nginx error.log tail ----\n{}",
-                lines[from..].join("\n")
-            );
-        }
-        // fast shutdown: the master stops its worker; SIGKILL (the Proc
-        // guard) would leave it running
-        self.master.signal(libc::SIGTERM);
-        let _ = self.master.wait_timeout(Duration::from_secs(5));
-        let comm =
-            std::fs::read_to_string(format!("/proc/{}/comm", self.worker)).unwrap_or_default();
-        if comm.trim() == "nginx" {
-            // SAFETY: kill(2) on the worker our nginx forked
-            unsafe {
-                libc::kill(self.worker as libc::pid_t, libc::SIGKILL);
             }
         }
     }

@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod h2;
+pub mod nginx;
 pub mod tls;
 pub mod wire;
 
@@ -51,6 +52,15 @@ pub fn mono_now_ns() -> u64 {
     let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     assert_eq!(rc, 0, "clock_gettime(CLOCK_MONOTONIC) failed");
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A TCP port nothing listens on now (the kernel picked it for a socket
+/// that is closed again).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("binding a free port")
 }
 
 pub fn repo_root() -> PathBuf {
