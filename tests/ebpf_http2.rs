@@ -879,7 +879,7 @@ fn root_h2_node_tls_openssl_found_in_the_executable() {
     assert_no_failures(title, &failures);
 }
 
-// ------------------------------------------- held back: agent bugs open
+// ------------------------- cancels, TLS through node, mid-connection SSE, grpc_pass
 
 /// The client cancels every call after 3 of 20 messages (RST_STREAM
 /// CANCEL): `aborted: true`, `abort_reason: "client_closed"`, at least the

@@ -336,13 +336,7 @@ pub fn rekey_agent(agent: &[Value]) -> Vec<Value> {
 
 /// Agent lines by `request_id`.
 pub fn by_request_id(agent: &[Value]) -> BTreeMap<String, Vec<Value>> {
-    let mut m: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-    for a in agent {
-        m.entry(str_field(a, "request_id").unwrap_or_else(|| "<none>".into()))
-            .or_default()
-            .push(a.clone());
-    }
-    m
+    super::group_by(agent, "request_id")
 }
 
 /// The HTTP/2 fields of the output contract every h2/gRPC line must carry,

@@ -1136,9 +1136,15 @@ impl Report {
 
 /// Groups agent records by `path`.
 pub fn by_path(agent: &[Value]) -> BTreeMap<String, Vec<Value>> {
+    group_by(agent, "path")
+}
+
+/// Groups agent records by the string field `key` (`<no KEY>` for records
+/// without it).
+pub fn group_by(agent: &[Value], key: &str) -> BTreeMap<String, Vec<Value>> {
     let mut m: BTreeMap<String, Vec<Value>> = BTreeMap::new();
     for v in agent {
-        m.entry(str_field(v, "path").unwrap_or_else(|| "<no path>".into()))
+        m.entry(str_field(v, key).unwrap_or_else(|| format!("<no {key}>")))
             .or_default()
             .push(v.clone());
     }

@@ -104,12 +104,13 @@ pub fn h2_frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     out
 }
 
-/// HPACK literals with incremental indexing and a new name (so the
-/// decoder's dynamic table fills), no Huffman.
-fn hpack_indexed_literals(headers: &[(&str, &str)]) -> Vec<u8> {
+/// HPACK string literals with a new name, no Huffman: with incremental
+/// indexing (RFC 7541 §6.2.1, so the decoder's dynamic table fills) or
+/// without (§6.2.2, what a decoder must read whatever its table).
+pub fn hpack_literals(headers: &[(&str, &str)], indexed: bool) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, value) in headers {
-        out.push(0x40);
+        out.push(if indexed { 0x40 } else { 0x00 });
         out.push(name.len() as u8);
         out.extend_from_slice(name.as_bytes());
         out.push(value.len() as u8);
@@ -118,7 +119,12 @@ fn hpack_indexed_literals(headers: &[(&str, &str)]) -> Vec<u8> {
     out
 }
 
-fn grpc_message(body: &[u8]) -> Vec<u8> {
+fn hpack_indexed_literals(headers: &[(&str, &str)]) -> Vec<u8> {
+    hpack_literals(headers, true)
+}
+
+/// One uncompressed gRPC length-prefixed message.
+pub fn grpc_message(body: &[u8]) -> Vec<u8> {
     let mut m = vec![0];
     m.extend_from_slice(&(body.len() as u32).to_be_bytes());
     m.extend_from_slice(body);

@@ -137,13 +137,7 @@ impl MessageWalker {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn message(body: &[u8]) -> Vec<u8> {
-        let mut m = vec![0];
-        m.extend_from_slice(&(body.len() as u32).to_be_bytes());
-        m.extend_from_slice(body);
-        m
-    }
+    use crate::fuzz::seeds::grpc_message as message;
 
     #[test]
     fn counts_messages_however_the_bytes_are_cut() {

@@ -3,7 +3,7 @@
 //! `h2c` upgrade, and what uncaptured or malformed bytes do.
 
 use super::*;
-use crate::fuzz::seeds::h2_frame as frame;
+use crate::fuzz::seeds::{grpc_message, h2_frame as frame, hpack_literals};
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0;
@@ -15,25 +15,10 @@ const WINDOW_UPDATE: u8 = 8;
 const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 
-/// HPACK: each header as a literal without indexing, new name, no Huffman
-/// (RFC 7541 §6.2.2) — what a decoder must always read, whatever its table.
+/// HPACK: each header as a literal without indexing — what a decoder must
+/// always read, whatever its table.
 fn block(headers: &[(&str, &str)]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for (name, value) in headers {
-        out.push(0x00);
-        out.push(name.len() as u8);
-        out.extend_from_slice(name.as_bytes());
-        out.push(value.len() as u8);
-        out.extend_from_slice(value.as_bytes());
-    }
-    out
-}
-
-fn grpc_message(body: &[u8]) -> Vec<u8> {
-    let mut m = vec![0];
-    m.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    m.extend_from_slice(body);
-    m
+    hpack_literals(headers, false)
 }
 
 fn grpc_request(stream: u32, rid: &str) -> Vec<u8> {
