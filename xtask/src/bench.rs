@@ -163,51 +163,78 @@ struct Traced {
     summary: String,
 }
 
+/// `tokentrace run --pid P --output json`, started and ready, its stderr
+/// lines collected.
+struct TracingAgent {
+    guard: Guard,
+    pid: u32,
+    stderr: Receiver<String>,
+}
+
+impl TracingAgent {
+    fn start(agent_bin: &Path, server_pid: u32) -> Result<Self> {
+        let mut child = Command::new(agent_bin)
+            .args(["run", "--pid", &server_pid.to_string(), "--output", "json"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("starting the agent")?;
+        let stderr = child.stderr.take().context("agent stderr")?;
+        let pid = child.id();
+        let guard = Guard(child);
+        let (tx, rx) = mpsc::channel::<String>();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        loop {
+            let line = rx
+                .recv_timeout(Duration::from_secs(60))
+                .context("agent never became ready")?;
+            if line.contains("tokentrace: ready") {
+                break;
+            }
+        }
+        Ok(Self {
+            guard,
+            pid,
+            stderr: rx,
+        })
+    }
+
+    /// Stops the agent; returns the stderr lines printed since it was ready
+    /// (its summary among them).
+    ///
+    /// SIGTERM, not SIGINT: the agent listens for SIGINT only while its run
+    /// loop waits (tokio::signal::ctrl_c() made anew each turn), so under an
+    /// event flood a SIGINT usually arrives while it handles a batch and is
+    /// lost (the agent then runs on). Its SIGTERM listener lives for the
+    /// whole run; both stop it the same way.
+    fn stop(mut self) -> Result<Vec<String>> {
+        util::status("kill", &["-TERM", &self.pid.to_string()])?;
+        self.guard.0.wait()?;
+        Ok(self.stderr.try_iter().collect())
+    }
+}
+
 fn traced_round(
     agent_bin: &std::path::Path,
     server_pid: u32,
     port: u16,
     opts: &Options,
 ) -> Result<Traced> {
-    let mut child = Command::new(agent_bin)
-        .args(["run", "--pid", &server_pid.to_string(), "--output", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the agent")?;
-    let stderr = child.stderr.take().context("agent stderr")?;
-    let agent_pid = child.id();
-    let mut agent = Guard(child);
-    let (tx, rx) = std::sync::mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        use std::io::{BufRead, BufReader};
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .context("agent never became ready")?;
-        if line.contains("tokentrace: ready") {
-            break;
-        }
-    }
+    let agent = TracingAgent::start(agent_bin, server_pid)?;
+    let agent_pid = agent.pid;
     let ticks_before = cpu_ticks(agent_pid)?;
     let rate = client(port, opts)?;
     let ticks = cpu_ticks(agent_pid)? - ticks_before;
     // Let the agent drain what the last requests produced before stopping it.
     std::thread::sleep(Duration::from_millis(300));
     let rss_kib = peak_rss_kib(agent_pid)?;
-    // SIGTERM, not SIGINT: the agent listens for SIGINT only while its run
-    // loop waits (tokio::signal::ctrl_c() made anew each turn), so under an
-    // event flood a SIGINT usually arrives while it handles a batch and is
-    // lost (the agent then runs on). Its SIGTERM listener lives for the
-    // whole run; both stop it the same way.
-    util::status("kill", &["-TERM", &agent_pid.to_string()])?;
-    agent.0.wait()?;
-    let summary: Vec<String> = rx
-        .try_iter()
+    let summary: Vec<String> = agent
+        .stop()?
+        .into_iter()
         .filter(|l| l.contains("events:") || l.contains("requests:"))
         .collect();
     let clk_tck = 100.0; // USER_HZ on Linux

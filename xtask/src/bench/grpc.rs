@@ -14,16 +14,14 @@
 //! must count every message the client received (its `chunks`), else the
 //! round fails: a fast agent that misses messages proves nothing.
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::{cpu_ticks, json_number, median, peak_rss_kib, Options};
-use crate::util::{self, free_port, start_server, Guard};
+use super::{cpu_ticks, json_number, median, peak_rss_kib, Options, TracingAgent};
+use crate::util::{self, free_port, start_server};
 
 const SERVER: &str = "tests/servers/grpc_stream.py";
 const CLIENT: &str = "tests/clients/grpc_client.py";
@@ -73,29 +71,8 @@ fn traced(
     streams: u32,
     per_call: u64,
 ) -> Result<Traced> {
-    let mut child = Command::new(agent_bin)
-        .args(["run", "--pid", &server_pid.to_string(), "--output", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the agent")?;
-    let agent_pid = child.id();
-    let stderr = child.stderr.take().context("agent stderr")?;
-    let mut agent = Guard(child);
-    let (tx, rx) = mpsc::channel::<String>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            let _ = tx.send(line);
-        }
-    });
-    loop {
-        let line = rx
-            .recv_timeout(Duration::from_secs(60))
-            .context("agent never became ready")?;
-        if line.contains("tokentrace: ready") {
-            break;
-        }
-    }
+    let agent = TracingAgent::start(agent_bin, server_pid)?;
+    let agent_pid = agent.pid;
     let ticks_before = cpu_ticks(agent_pid)?;
     let t0 = std::time::Instant::now();
     let (messages, rate) = flood(port, streams, per_call)?;
@@ -103,10 +80,7 @@ fn traced(
     let ticks = cpu_ticks(agent_pid)? - ticks_before;
     std::thread::sleep(Duration::from_millis(300));
     let rss_kib = peak_rss_kib(agent_pid)?;
-    // SIGTERM, as traced_round in bench.rs explains
-    util::status("kill", &["-TERM", &agent_pid.to_string()])?;
-    agent.0.wait()?;
-    let lines: Vec<String> = rx.try_iter().collect();
+    let lines = agent.stop()?;
     let json = lines
         .iter()
         .find(|l| l.contains("\"tokentrace_summary\""))
