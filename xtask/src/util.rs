@@ -42,6 +42,27 @@ pub fn status(program: &str, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
+/// SIGTERM to `pid` (the process behind `child`, or `child` itself), then
+/// SIGKILL to `child` if it has not exited after `grace`; returns once it is
+/// reaped.
+pub fn terminate(
+    child: &mut std::process::Child,
+    pid: u32,
+    grace: std::time::Duration,
+) -> Result<()> {
+    status("kill", &["-TERM", &pid.to_string()])?;
+    let deadline = std::time::Instant::now() + grace;
+    while child.try_wait()?.is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.wait();
+    Ok(())
+}
+
 pub fn cargo(args: &[&str]) -> Result<()> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     status(&cargo, args)

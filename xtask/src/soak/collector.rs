@@ -124,16 +124,8 @@ impl Collector {
     /// Takes the collector down (SIGTERM, SIGKILL after 10 s) and reads its
     /// output to the end.
     pub fn stop(mut self) -> Result<()> {
-        crate::util::status("kill", &["-TERM", &self.child.id().to_string()])?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break;
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.wait();
+        let pid = self.child.id();
+        crate::util::terminate(&mut self.child, pid, Duration::from_secs(10))?;
         for r in self.readers.drain(..) {
             let _ = r.join();
         }

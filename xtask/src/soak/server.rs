@@ -86,17 +86,7 @@ impl Server {
     /// SIGTERM (uvicorn finishes in-flight responses for a few seconds),
     /// SIGKILL after 10 s; returns when it is reaped.
     pub fn stop(mut self) -> Result<()> {
-        util::status("kill", &["-TERM", &self.pid.to_string()])?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while self.child.try_wait()?.is_none() {
-            if Instant::now() > deadline {
-                let _ = self.child.kill();
-                break;
-            }
-            thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.wait();
-        Ok(())
+        util::terminate(&mut self.child, self.pid, Duration::from_secs(10))
     }
 }
 
