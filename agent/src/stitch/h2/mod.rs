@@ -87,7 +87,9 @@ struct Half {
     /// The header block being collected (HEADERS or PUSH_PROMISE, then
     /// CONTINUATION).
     block: Option<Block>,
-    /// Captured payload of the current control frame.
+    /// Captured payload of the current control frame: its contiguous
+    /// prefix only (a field after uncaptured bytes or past `MAX_CONTROL`
+    /// would be read from the wrong offset).
     control: Vec<u8>,
     control_cut: bool,
 }
@@ -412,7 +414,9 @@ impl H2Conn {
             _ => {
                 let half = self.half(dir);
                 match bytes {
-                    Bytes::Known(b) if half.control.len() + b.len() <= MAX_CONTROL => {
+                    Bytes::Known(b)
+                        if !half.control_cut && half.control.len() + b.len() <= MAX_CONTROL =>
+                    {
                         half.control.extend_from_slice(b)
                     }
                     _ => half.control_cut = true,

@@ -569,3 +569,30 @@ fn an_event_stream_whose_content_type_hpack_cannot_decode_is_still_sse_by_its_bo
     assert_eq!(t.chunk_ts, vec![40, 50], "[DONE] is no token");
     assert!(t.done_seen);
 }
+
+#[test]
+fn a_control_frame_read_across_a_capture_gap_is_not_read_from_misaligned_bytes() {
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    r.extend(sse_request(1, "a"));
+    sim.read_at(1, 2, r);
+    sim.write(10, sse_headers(1));
+    // A client SETTINGS of two entries that mean nothing here
+    // (MAX_FRAME_SIZE 2^26, ignored; id 0) split across two reads, the
+    // first cut after the payload's first byte. Glued across the gap, the
+    // bytes would read as INITIAL_WINDOW_SIZE = 0 and stall the stream.
+    let payload = [0x00, 0x05, 0x04, 0x00, 0x00, 0x00, 0, 0, 0, 0, 0, 0];
+    let settings = frame(SETTINGS, 0, 0, &payload);
+    sim.read_cut(20, &settings[..11], 10);
+    sim.read(21, &settings[11..]);
+    sim.write(30, sse_event(1, 0, false));
+    sim.read(40, frame(WINDOW_UPDATE, 0, 1, &1000u32.to_be_bytes()));
+    sim.write(50, sse_event(1, 1, true));
+    let t = sim.one();
+    assert_eq!(t.chunk_ts, vec![30, 50]);
+    assert!(
+        t.flow_control_waits.is_empty(),
+        "{:?}",
+        t.flow_control_waits
+    );
+}
