@@ -23,10 +23,9 @@
 #[path = "common/mod.rs"]
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::Duration;
@@ -40,40 +39,11 @@ const CLIENT_WAIT_MS: u64 = 60;
 
 /// The cork server, its port, and its stamp lines.
 fn start_cork_server() -> (Proc, u16, mpsc::Receiver<Value>) {
-    let script = repo_root().join("tests/servers/cork_server.py");
-    let mut child = Command::new(python())
-        .arg("-u")
-        .arg(&script)
-        .args(["--host", "127.0.0.1", "--port", "0"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", script.display()));
-    let out = child.stdout.take().expect("piped stdout");
-    let proc = Proc::guard("cork_server.py", child);
-    let (port_tx, port_rx) = mpsc::channel();
-    let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        for line in BufReader::new(out).lines().map_while(Result::ok) {
-            if let Some(p) = line.strip_prefix("READY ") {
-                let _ = port_tx.send(p.trim().parse::<u16>().ok());
-            } else if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                let _ = tx.send(v);
-            }
-        }
-    });
-    let port = port_rx
-        .recv_timeout(Duration::from_secs(30))
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| {
-            panic!(
-                "cork_server.py printed no READY line: {}",
-                proc.stderr.tail(20)
-            )
-        });
-    (proc, port, rx)
+    let server = StampingServer::start(
+        "tests/servers/cork_server.py",
+        &["--host", "127.0.0.1", "--port", "0"],
+    );
+    (server.proc, server.port, server.lines)
 }
 
 /// Leaves quick-ACK mode: the kernel delays this socket's next ACKs.

@@ -15,10 +15,9 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::sync::mpsc::{self, Receiver};
+use std::process::Command;
+use std::sync::mpsc::Receiver;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -41,35 +40,8 @@ struct WireServer {
 
 impl WireServer {
     fn start(extra: &[&str]) -> Self {
-        let script = repo_root().join("tests/servers/wire_server.py");
-        let mut child = Command::new(python())
-            .arg("-u")
-            .arg(&script)
-            .args(extra)
-            .current_dir(repo_root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", script.display()));
-        let out = child.stdout.take().expect("piped stdout");
-        let (port_tx, port_rx) = mpsc::channel();
-        let (tx, lines) = mpsc::channel();
-        thread::spawn(move || {
-            for line in BufReader::new(out).lines().map_while(Result::ok) {
-                if let Some(p) = line.strip_prefix("READY ") {
-                    let _ = port_tx.send(p.trim().parse::<u16>().ok());
-                } else if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                    let _ = tx.send(v);
-                }
-            }
-        });
-        let proc = Proc::guard("wire_server.py", child);
-        let port = port_rx
-            .recv_timeout(Duration::from_secs(20))
-            .ok()
-            .flatten()
-            .expect("wire_server.py printed no READY <port> within 20 s");
+        let StampingServer { proc, port, lines } =
+            StampingServer::start("tests/servers/wire_server.py", extra);
         WireServer { proc, port, lines }
     }
 

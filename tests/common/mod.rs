@@ -1547,6 +1547,55 @@ pub fn child_pids(pid: u32) -> Vec<u32> {
     out
 }
 
+/// A test server (Python, `tests/servers/…`) that prints `READY <port>` and
+/// then one JSON object per line (its own CLOCK_MONOTONIC stamps).
+pub struct StampingServer {
+    pub proc: Proc,
+    pub port: u16,
+    /// The server's JSON lines, in order.
+    pub lines: Receiver<Value>,
+}
+
+impl StampingServer {
+    /// Starts `script` (relative to the repository root) with `args`.
+    pub fn start(script: &str, args: &[&str]) -> Self {
+        let path = repo_root().join(script);
+        let mut child = Command::new(python())
+            .arg("-u")
+            .arg(&path)
+            .args(args)
+            .current_dir(repo_root())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
+        let out = child.stdout.take().expect("piped stdout");
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let proc = Proc::guard(&name, child);
+        let (port_tx, port_rx) = mpsc::channel();
+        let (tx, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                if let Some(p) = line.strip_prefix("READY ") {
+                    let _ = port_tx.send(p.trim().parse::<u16>().ok());
+                } else if let Ok(v) = serde_json::from_str::<Value>(&line) {
+                    let _ = tx.send(v);
+                }
+            }
+        });
+        let port = port_rx
+            .recv_timeout(Duration::from_secs(30))
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("{name} printed no READY <port>: {}", proc.stderr.tail(20)));
+        StampingServer { proc, port, lines }
+    }
+}
+
 /// tests/servers/infer_server.py: an HTTP frontend and its engine child
 /// (the stand-in GPU, `llm:*` USDT probes). Dropping it SIGKILLs the
 /// frontend; the engine exits when its socket to the frontend closes.
