@@ -213,6 +213,13 @@ impl Pipeline<'_> {
         None
     }
 
+    /// Open requests the tracker would report, for the in-flight gauges.
+    fn open_requests(&self) -> Vec<crate::model::OpenRequest> {
+        let mut open = self.stitcher.open_requests();
+        open.retain(|r| self.tracker.reports_path(&r.path));
+        open
+    }
+
     /// The run's counters, for the exporter's self-metrics.
     fn agent_counters(&self) -> AgentCounters {
         let ingest = self.probed.ingest;
@@ -391,6 +398,8 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
                 pipeline.stitcher.expire_idle(now, idle_ns, &mut pipeline.finished);
                 pipeline.explainer.prune(now);
                 pipeline.exporter.observe_agent(pipeline.agent_counters());
+                let open = pipeline.open_requests();
+                pipeline.exporter.observe_in_flight(&open);
                 pipeline.report()
             }
             _ = until_deadline => Some(Stop::Duration),
@@ -423,6 +432,8 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     // not block its own join below.
     events_rx.close();
     pipeline.exporter.observe_agent(pipeline.agent_counters());
+    let open = pipeline.open_requests();
+    pipeline.exporter.observe_in_flight(&open);
     let Pipeline {
         stitcher,
         mut summary,

@@ -168,6 +168,12 @@ impl Tracker {
     /// Whether a finished request is reported. In automatic mode only
     /// requests to LLM endpoints are, and a process that keeps serving
     /// anything else is dropped from tracing.
+    /// Whether a request to `path` would be reported once finished (in
+    /// automatic mode only the configured endpoints are).
+    pub fn reports_path(&self, path: &str) -> bool {
+        !self.selector.is_automatic() || self.endpoints.matches(path)
+    }
+
     pub fn review(&mut self, timeline: &RequestTimeline) -> (bool, Option<Change>) {
         if !self.selector.is_automatic() {
             return (true, None);

@@ -13,8 +13,12 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
-use super::metrics::{self_metrics, ExportCounters, Kind, Latency, Metrics, CANCELLATIONS};
+use super::metrics::{
+    self_metrics, ExportCounters, Histogram as Hist, Kind, Latency, Metrics, CANCELLATIONS,
+    IN_FLIGHT, SOCKET_WAIT, STALL_DURATION, STALL_TIME,
+};
 use super::resource::{kv_int, kv_str, ResourceRules};
+use super::series::Keyed;
 
 /// The spans of one request and the resource of the process that served it.
 #[derive(Debug, Clone)]
@@ -99,44 +103,89 @@ pub fn metrics_request(
                 _ => kv_str(k, v),
             })
             .collect();
-        let point = HistogramDataPoint {
-            attributes,
-            start_time_unix_nano: start,
-            time_unix_nano: now_unix_nano,
-            count: h.count,
-            sum: Some(h.sum),
-            bucket_counts: h.counts.clone(),
-            explicit_bounds: h.bounds.to_vec(),
-            min: (h.count > 0).then_some(h.min),
-            max: (h.count > 0).then_some(h.max),
-            ..Default::default()
-        };
         by_service
             .entry(&key.service)
             .or_default()
             .entry(*which)
             .or_default()
-            .push(point);
+            .push(histogram_point(attributes, start, now_unix_nano, h));
     }
-    let mut cancellations: BTreeMap<&str, Vec<NumberDataPoint>> = BTreeMap::new();
-    for (key, n) in &metrics.cancellations {
-        by_service.entry(&key.service).or_default();
-        cancellations
-            .entry(&key.service)
-            .or_default()
-            .push(NumberDataPoint {
-                attributes: key
-                    .attributes()
-                    .into_iter()
-                    .map(|(k, v)| kv_str(k, v))
-                    .collect(),
-                start_time_unix_nano: start,
-                time_unix_nano: now_unix_nano,
-                value: Some(number_data_point::Value::AsInt(
-                    i64::try_from(*n).unwrap_or(i64::MAX),
-                )),
-                ..Default::default()
-            });
+    // service → the request-level families, in a fixed order
+    let mut families: BTreeMap<&str, Vec<Metric>> = BTreeMap::new();
+    let point = |attributes: Vec<(&'static str, String)>, value| NumberDataPoint {
+        attributes: attributes.into_iter().map(|(k, v)| kv_str(k, v)).collect(),
+        start_time_unix_nano: start,
+        time_unix_nano: now_unix_nano,
+        value: Some(value),
+        ..Default::default()
+    };
+    let int = |n: u64| number_data_point::Value::AsInt(i64::try_from(n).unwrap_or(i64::MAX));
+    let counter = |data_points| {
+        metric::Data::Sum(Sum {
+            data_points,
+            aggregation_temporality: cumulative,
+            is_monotonic: true,
+        })
+    };
+    add_family(
+        &mut families,
+        CANCELLATIONS,
+        "{request}",
+        group(&metrics.cancellations.series, |k, n| {
+            point(k.attributes(), int(*n))
+        }),
+        counter,
+    );
+    add_family(
+        &mut families,
+        SOCKET_WAIT,
+        "s",
+        group(&metrics.socket_wait.series, |k, s| {
+            point(k.attributes(), number_data_point::Value::AsDouble(*s))
+        }),
+        counter,
+    );
+    add_family(
+        &mut families,
+        STALL_TIME,
+        "s",
+        group(&metrics.stall_time.series, |(k, cause), s| {
+            let mut a = k.attributes();
+            a.extend(cause.attributes());
+            point(a, number_data_point::Value::AsDouble(*s))
+        }),
+        counter,
+    );
+    add_family(
+        &mut families,
+        IN_FLIGHT,
+        "{request}",
+        group(&metrics.in_flight.series, |(k, phase), n| {
+            let mut a = k.attributes();
+            a.push(("phase", phase.as_str().to_string()));
+            point(a, int(*n))
+        }),
+        |data_points| metric::Data::Gauge(Gauge { data_points }),
+    );
+    add_family(
+        &mut families,
+        STALL_DURATION,
+        "s",
+        group(&metrics.stall_duration.series, |(k, cause), h| {
+            let mut a = k.attributes();
+            a.push(("cause", (*cause).to_string()));
+            let a = a.into_iter().map(|(k, v)| kv_str(k, v)).collect();
+            histogram_point(a, start, now_unix_nano, h)
+        }),
+        |data_points| {
+            metric::Data::Histogram(Histogram {
+                data_points,
+                aggregation_temporality: cumulative,
+            })
+        },
+    );
+    for service in families.keys() {
+        by_service.entry(service).or_default();
     }
     let mut resource_metrics_list: Vec<ResourceMetrics> = by_service
         .into_iter()
@@ -154,19 +203,7 @@ pub fn metrics_request(
                     ..Default::default()
                 })
                 .collect();
-            if let Some(data_points) = cancellations.remove(service) {
-                list.push(Metric {
-                    name: CANCELLATIONS.0.to_string(),
-                    description: CANCELLATIONS.1.to_string(),
-                    unit: "{request}".to_string(),
-                    data: Some(metric::Data::Sum(Sum {
-                        data_points,
-                        aggregation_temporality: cumulative,
-                        is_monotonic: true,
-                    })),
-                    ..Default::default()
-                });
-            }
+            list.extend(families.remove(service).unwrap_or_default());
             resource_metrics(rules.service_resource(service), list)
         })
         .collect();
@@ -215,6 +252,59 @@ pub fn metrics_request(
     resource_metrics_list.push(resource_metrics(rules.agent_resource(), own));
     ExportMetricsServiceRequest {
         resource_metrics: resource_metrics_list,
+    }
+}
+
+fn histogram_point(
+    attributes: Vec<KeyValue>,
+    start: u64,
+    now: u64,
+    h: &Hist,
+) -> HistogramDataPoint {
+    HistogramDataPoint {
+        attributes,
+        start_time_unix_nano: start,
+        time_unix_nano: now,
+        count: h.count,
+        sum: Some(h.sum),
+        bucket_counts: h.counts.clone(),
+        explicit_bounds: h.bounds.to_vec(),
+        min: (h.count > 0).then_some(h.min),
+        max: (h.count > 0).then_some(h.max),
+        ..Default::default()
+    }
+}
+
+/// A family's series as data points, grouped by service.
+fn group<K: Keyed, V, P>(
+    series: &BTreeMap<K, V>,
+    point: impl Fn(&K, &V) -> P,
+) -> BTreeMap<&str, Vec<P>> {
+    let mut out: BTreeMap<&str, Vec<P>> = BTreeMap::new();
+    for (k, v) in series {
+        out.entry(k.route_key().service.as_str())
+            .or_default()
+            .push(point(k, v));
+    }
+    out
+}
+
+/// Appends one metric per service that has points of this family.
+fn add_family<'a, P>(
+    families: &mut BTreeMap<&'a str, Vec<Metric>>,
+    (name, description): (&str, &str),
+    unit: &str,
+    points: BTreeMap<&'a str, Vec<P>>,
+    data: impl Fn(Vec<P>) -> metric::Data,
+) {
+    for (service, data_points) in points {
+        families.entry(service).or_default().push(Metric {
+            name: name.to_string(),
+            description: description.to_string(),
+            unit: unit.to_string(),
+            data: Some(data(data_points)),
+            ..Default::default()
+        });
     }
 }
 
@@ -289,6 +379,7 @@ mod tests {
         let key = |service: &str| SeriesKey {
             service: service.into(),
             operation: Some("chat"),
+            route: None,
             model: Some("m".into()),
             status: Some(200),
             error: None,
@@ -372,5 +463,109 @@ mod tests {
             .find(|x| x.name == "tokentrace.export.queue.length")
             .expect("queue length");
         assert!(matches!(queue.data, Some(metric::Data::Gauge(_))));
+    }
+}
+
+#[cfg(test)]
+mod family_tests {
+    use super::*;
+    use crate::model::{OpenRequest, Phase};
+
+    #[test]
+    fn request_level_families_go_under_their_service_with_their_kinds() {
+        let mut m = Metrics::new(10, 100);
+        let mut t = crate::export::spans::tests::sse();
+        t.read_start = t.request_start + 3_000_000;
+        t.stalls = vec![crate::model::Stall {
+            chunk: 3,
+            start_ms: 70.0,
+            gap_ms: 150.0,
+            queue_ms: 50.0,
+            prefill_ms: 0.0,
+            gpu_sync_ms: 100.0,
+            flow_control_ms: 0.0,
+            off_cpu_ms: 0.0,
+            off_cpu_reason: None,
+            socket_ms: 0.0,
+            nagle: false,
+            unexplained_ms: 0.0,
+            batch_fan_in: None,
+            gpu_launches: 3,
+        }];
+        m.record("svc", &t);
+        let open = OpenRequest {
+            pid: 1,
+            comm: "c".into(),
+            path: "/v1/chat/completions".into(),
+            model: None,
+            phase: Phase::FirstToken,
+        };
+        m.set_in_flight([("svc", &open)]);
+        let rules = ResourceRules {
+            host_name: "h".into(),
+            ..Default::default()
+        };
+        let req = metrics_request(&m, &ExportCounters::default(), &rules, 200);
+        let svc = &req.resource_metrics[0].scope_metrics[0].metrics;
+        let names: Vec<&str> = svc.iter().map(|x| x.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "gen_ai.server.time_to_first_token",
+                "gen_ai.server.time_per_output_token",
+                "gen_ai.server.request.duration",
+                "gen_ai.server.inter_token_latency",
+                "tokentrace.socket.wait",
+                "tokentrace.stall.time",
+                "tokentrace.requests.in_flight",
+                "tokentrace.stall.duration",
+            ]
+        );
+        let get = |name: &str| svc.iter().find(|x| x.name == name).expect(name);
+        let Some(metric::Data::Histogram(itl)) = &get("gen_ai.server.inter_token_latency").data
+        else {
+            panic!("itl histogram")
+        };
+        assert_eq!(itl.data_points[0].count, 4);
+        let Some(metric::Data::Sum(stall)) = &get("tokentrace.stall.time").data else {
+            panic!("stall time sum")
+        };
+        let values: Vec<(String, Option<number_data_point::Value>)> = stall
+            .data_points
+            .iter()
+            .map(|p| {
+                let cause = p
+                    .attributes
+                    .iter()
+                    .find(|kv| kv.key == "cause")
+                    .map(|kv| format!("{:?}", kv.value))
+                    .unwrap_or_default();
+                (cause, p.value)
+            })
+            .collect();
+        assert_eq!(values.len(), 2);
+        // series in label order
+        assert!(values[0].0.contains("gpu_sync") && values[1].0.contains("queue"));
+        assert_eq!(values[0].1, Some(number_data_point::Value::AsDouble(0.1)));
+        assert_eq!(values[1].1, Some(number_data_point::Value::AsDouble(0.05)));
+        assert!(stall.is_monotonic);
+        assert_eq!(get("tokentrace.stall.time").unit, "s");
+        let Some(metric::Data::Gauge(g)) = &get("tokentrace.requests.in_flight").data else {
+            panic!("in-flight gauge")
+        };
+        assert_eq!(
+            g.data_points[0].value,
+            Some(number_data_point::Value::AsInt(1))
+        );
+        assert!(g.data_points[0]
+            .attributes
+            .contains(&kv_str("phase", "waiting_first_token")));
+        let Some(metric::Data::Histogram(d)) = &get("tokentrace.stall.duration").data else {
+            panic!("stall duration histogram")
+        };
+        assert_eq!(
+            (d.data_points[0].count, d.data_points[0].sum),
+            (1, Some(0.15))
+        );
     }
 }

@@ -5,15 +5,22 @@
 //! temporality, like Prometheus): a failed OTLP push loses nothing, the next
 //! one carries every observation so far.
 //!
-//! Series are keyed by service, `gen_ai.operation.name`,
-//! `gen_ai.request.model`, `http.response.status_code` and `error.type`.
-//! The model name comes from request bodies, so the number of series is
-//! capped: past `max_series`, observations go to one overflow series marked
-//! `otel.metric.overflow=true` (the OTel SDK's cardinality-limit behaviour).
+//! Latency series are keyed by service, `gen_ai.operation.name`,
+//! `http.route`, `gen_ai.request.model`, `http.response.status_code` and
+//! `error.type`; the request-level counters and gauges (cancellations,
+//! socket wait, stall time by cause, requests in flight by phase) by
+//! service, route and model ([`RouteKey`]). Routes are normalised and model
+//! names come from request bodies, so the number of series is capped: past
+//! `max_series`, observations go to one overflow series marked
+//! `otel.metric.overflow=true` (the OTel SDK's cardinality-limit behaviour)
+//! and are counted (`tokentrace.metric.overflow`).
 
 use std::collections::BTreeMap;
 
+use super::series::{Capped, RouteKey};
 use super::spans::{error_type, operation_name};
+use super::stalls::{self, StallCause};
+use crate::model::{OpenRequest, Phase};
 use crate::stitch::RequestTimeline;
 
 /// Bucket bounds (seconds) of `gen_ai.server.time_to_first_token`: 1 ms
@@ -27,25 +34,40 @@ pub const TPOT_BOUNDS: &[f64] = &[
     0.001, 0.002, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
     0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
 ];
+/// Bucket bounds (seconds) of `gen_ai.server.inter_token_latency`: every
+/// gap, so finer below 100 ms where decode steps live, and up to 10 s for
+/// the stalls people alert on.
+pub const ITL_BOUNDS: &[f64] = &[
+    0.001, 0.002, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+];
+/// Bucket bounds (seconds) of `tokentrace.stall.duration`: stalls start at
+/// `explain.stall_threshold` (30 ms by default).
+pub const STALL_BOUNDS: &[f64] = &[
+    0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
+];
 /// Bucket bounds (seconds) of `gen_ai.server.request.duration`.
 pub const DURATION_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0,
     600.0,
 ];
 
-/// One of the three latency histograms.
+/// One of the latency histograms.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Latency {
     TimeToFirstToken,
     TimePerOutputToken,
     RequestDuration,
+    /// Every gap between successive chunks (the per-request mean is TPOT).
+    InterToken,
 }
 
 impl Latency {
-    pub const ALL: [Latency; 3] = [
+    pub const ALL: [Latency; 4] = [
         Latency::TimeToFirstToken,
         Latency::TimePerOutputToken,
         Latency::RequestDuration,
+        Latency::InterToken,
     ];
 
     /// The OTel semantic-convention metric name.
@@ -54,6 +76,8 @@ impl Latency {
             Latency::TimeToFirstToken => "gen_ai.server.time_to_first_token",
             Latency::TimePerOutputToken => "gen_ai.server.time_per_output_token",
             Latency::RequestDuration => "gen_ai.server.request.duration",
+            // not (yet) in the GenAI conventions: named like its siblings
+            Latency::InterToken => "gen_ai.server.inter_token_latency",
         }
     }
 
@@ -68,6 +92,9 @@ impl Latency {
             Latency::RequestDuration => {
                 "Time from the first request byte to the end of the response"
             }
+            Latency::InterToken => {
+                "Gap between successive output chunks of a streamed response, every gap"
+            }
         }
     }
 
@@ -76,6 +103,7 @@ impl Latency {
             Latency::TimeToFirstToken => TTFT_BOUNDS,
             Latency::TimePerOutputToken => TPOT_BOUNDS,
             Latency::RequestDuration => DURATION_BOUNDS,
+            Latency::InterToken => ITL_BOUNDS,
         }
     }
 }
@@ -119,6 +147,8 @@ impl Histogram {
 pub struct SeriesKey {
     pub service: String,
     pub operation: Option<&'static str>,
+    /// Normalised request path (`http.route`).
+    pub route: Option<String>,
     pub model: Option<String>,
     pub status: Option<u16>,
     pub error: Option<String>,
@@ -133,6 +163,7 @@ impl SeriesKey {
         Self {
             service: service.to_string(),
             operation: None,
+            route: None,
             model: None,
             status: None,
             error: None,
@@ -147,6 +178,9 @@ impl SeriesKey {
         let mut a = Vec::new();
         if let Some(op) = self.operation {
             a.push(("gen_ai.operation.name", op.to_string()));
+        }
+        if let Some(route) = &self.route {
+            a.push(("http.route", route.clone()));
         }
         if let Some(model) = &self.model {
             a.push(("gen_ai.request.model", model.clone()));
@@ -175,34 +209,32 @@ pub const CANCELLATIONS: (&str, &str) = (
     "tokentrace.client.cancellations",
     "Requests the client abandoned before the response was complete (FIN/RST first, or a refused write)",
 );
-
-/// Attributes of one cancellation series.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct CancelKey {
-    pub service: String,
-    /// Request path without query (`http.route`).
-    pub route: Option<String>,
-    pub model: Option<String>,
-    /// The overflow series (past `max_series`).
-    pub overflow: bool,
-}
-
-impl CancelKey {
-    /// (attribute name, value) pairs in OTel naming, service excluded.
-    pub fn attributes(&self) -> Vec<(&'static str, String)> {
-        let mut a = Vec::new();
-        if let Some(route) = &self.route {
-            a.push(("http.route", route.clone()));
-        }
-        if let Some(model) = &self.model {
-            a.push(("gen_ai.request.model", model.clone()));
-        }
-        if self.overflow {
-            a.push(("otel.metric.overflow", "true".to_string()));
-        }
-        a
-    }
-}
+/// Seconds requests waited in the socket (arrival → the server's read).
+/// Its rate is the mean number of requests waiting there (Little's law).
+pub const SOCKET_WAIT: (&str, &str) = (
+    "tokentrace.socket.wait",
+    "Time requests waited in the socket's receive queue before the server read them",
+);
+/// Seconds of stalled chunk gaps, by cause.
+pub const STALL_TIME: (&str, &str) = (
+    "tokentrace.stall.time",
+    "Time of late chunks' gaps spent on each cause (disjoint parts of each gap; socket/nagle: send-queue time after it)",
+);
+/// Histogram of stalled gaps, labelled with their largest cause.
+pub const STALL_DURATION: (&str, &str) = (
+    "tokentrace.stall.duration",
+    "Gap before each late chunk (at least explain.stall_threshold), by its largest cause",
+);
+/// Requests read but not finished, by phase (sampled every second).
+pub const IN_FLIGHT: (&str, &str) = (
+    "tokentrace.requests.in_flight",
+    "Requests being served, by phase: waiting for the first token, or streaming",
+);
+/// Observations that went to an overflow series, by metric.
+pub const OVERFLOW: (&str, &str) = (
+    "tokentrace.metric.overflow",
+    "Observations recorded in a metric's overflow series (otel_metric_overflow) because it had export.max_series label sets",
+);
 
 /// Counters of the agent itself, sampled by the run loop.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -250,11 +282,21 @@ pub struct Metrics {
     /// Unix nanoseconds of the start of the cumulative period.
     pub start_unix_nano: u64,
     pub latency: BTreeMap<(Latency, SeriesKey), Histogram>,
+    /// Latency observations that went to an overflow series.
+    pub latency_overflowed: BTreeMap<Latency, u64>,
     /// Requests recorded (reported by the run loop).
     pub requests: u64,
-    /// Client cancellations by service, route and model (at most
-    /// `max_series` series, then one overflow series per service).
-    pub cancellations: BTreeMap<CancelKey, u64>,
+    /// Client cancellations by service, route and model.
+    pub cancellations: Capped<RouteKey, u64>,
+    /// Seconds in the socket's receive queue.
+    pub socket_wait: Capped<RouteKey, f64>,
+    /// Seconds of stalled gaps by cause.
+    pub stall_time: Capped<(RouteKey, StallCause), f64>,
+    /// Stalled gaps by their largest cause.
+    pub stall_duration: Capped<(RouteKey, &'static str), Histogram>,
+    /// Open requests at the last sample. Label sets seen once stay, at 0,
+    /// so a drained service reads 0 rather than vanishing.
+    pub in_flight: Capped<(RouteKey, Phase), u64>,
     pub agent: AgentCounters,
 }
 
@@ -265,8 +307,13 @@ impl Metrics {
             series: BTreeMap::new(),
             start_unix_nano,
             latency: BTreeMap::new(),
+            latency_overflowed: BTreeMap::new(),
             requests: 0,
-            cancellations: BTreeMap::new(),
+            cancellations: Capped::default(),
+            socket_wait: Capped::default(),
+            stall_time: Capped::default(),
+            stall_duration: Capped::default(),
+            in_flight: Capped::default(),
             agent: AgentCounters::default(),
         }
     }
@@ -277,6 +324,7 @@ impl Metrics {
         let slot = if self.latency.contains_key(&full_key) || *series < self.max_series {
             full_key
         } else {
+            *self.latency_overflowed.entry(which).or_default() += 1;
             (which, SeriesKey::overflow(&key.service))
         };
         self.latency
@@ -290,11 +338,15 @@ impl Metrics {
 
     /// Records one reported request of `service`. TTFT and TPOT describe
     /// successful responses only (as the GenAI conventions define them);
-    /// the duration histogram counts every request.
+    /// the duration histogram counts every request, the inter-token one
+    /// every gap of every streamed response (a slow gap before the client
+    /// gave up is exactly what it is for; `error.type` tells them apart).
     pub fn record(&mut self, service: &str, t: &RequestTimeline) {
+        let route = RouteKey::of(service, t);
         let key = SeriesKey {
             service: service.to_string(),
             operation: operation_name(&t.path),
+            route: route.route.clone(),
             model: t.model.clone(),
             status: t.status,
             error: error_type(t),
@@ -304,10 +356,29 @@ impl Metrics {
             overflow: false,
         };
         self.requests += 1;
+        let max = self.max_series;
         if t.abort_reason == Some(crate::stitch::AbortReason::ClientClosed) {
-            self.count_cancellation(service, t);
+            *self.cancellations.slot(route.clone(), max, || 0) += 1;
         }
         let secs = |ns: u64| ns as f64 / 1e9;
+        if let Some(wait) = t.socket_wait_ns() {
+            *self.socket_wait.slot(route.clone(), max, || 0.0) += secs(wait);
+        }
+        for stall in &t.stalls {
+            for (cause, seconds) in stalls::causes(stall) {
+                *self.stall_time.slot((route.clone(), cause), max, || 0.0) += seconds;
+            }
+            self.stall_duration
+                .slot((route.clone(), stalls::dominant(stall)), max, || {
+                    Histogram::new(STALL_BOUNDS)
+                })
+                .observe(stall.gap_ms / 1e3);
+        }
+        if t.is_stream() {
+            for gap in t.itl_ns() {
+                self.observe(Latency::InterToken, &key, secs(gap));
+            }
+        }
         let e2e = t.e2e_ns();
         self.observe(Latency::RequestDuration, &key, secs(e2e));
         if t.aborted {
@@ -327,23 +398,20 @@ impl Metrics {
 }
 
 impl Metrics {
-    fn count_cancellation(&mut self, service: &str, t: &RequestTimeline) {
-        let route = t.path.split(['?', '#']).next().unwrap_or_default();
-        let mut key = CancelKey {
-            service: service.to_string(),
-            route: (!route.is_empty()).then(|| route.to_string()),
-            model: t.model.clone(),
-            overflow: false,
-        };
-        if !self.cancellations.contains_key(&key) && self.cancellations.len() >= self.max_series {
-            key = CancelKey {
-                service: service.to_string(),
-                route: None,
-                model: None,
-                overflow: true,
-            };
+    /// Replaces the in-flight gauges with one sample: `open` requests, each
+    /// with the service of its process.
+    pub fn set_in_flight<'a>(
+        &mut self,
+        open: impl IntoIterator<Item = (&'a str, &'a OpenRequest)>,
+    ) {
+        for n in self.in_flight.series.values_mut() {
+            *n = 0;
         }
-        *self.cancellations.entry(key).or_default() += 1;
+        let max = self.max_series;
+        for (service, r) in open {
+            let key = RouteKey::new(service, &r.path, r.model.as_deref());
+            *self.in_flight.slot((key, r.phase), max, || 0) += 1;
+        }
     }
 }
 
@@ -381,7 +449,36 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
                 value,
             }
         };
-    vec![
+    let overflowed = |family: &str| match family {
+        f if f == CANCELLATIONS.0 => metrics.cancellations.overflowed,
+        f if f == SOCKET_WAIT.0 => metrics.socket_wait.overflowed,
+        f if f == STALL_TIME.0 => metrics.stall_time.overflowed,
+        f if f == STALL_DURATION.0 => metrics.stall_duration.overflowed,
+        f if f == IN_FLIGHT.0 => metrics.in_flight.overflowed,
+        f => Latency::ALL
+            .into_iter()
+            .find(|l| l.name() == f)
+            .and_then(|l| metrics.latency_overflowed.get(&l).copied())
+            .unwrap_or(0),
+    };
+    let families = Latency::ALL.map(Latency::name).into_iter().chain([
+        CANCELLATIONS.0,
+        SOCKET_WAIT.0,
+        STALL_TIME.0,
+        STALL_DURATION.0,
+        IN_FLIGHT.0,
+    ]);
+    let overflow = families.map(|family| {
+        m(
+            OVERFLOW.0,
+            "tokentrace_metric_overflow",
+            OVERFLOW.1,
+            Counter,
+            &[("metric", family)],
+            overflowed(family),
+        )
+    });
+    let mut list = vec![
         m(
             "tokentrace.events.received",
             "tokentrace_events_received",
@@ -518,7 +615,9 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
             &[],
             export.metric_exports_failed,
         ),
-    ]
+    ];
+    list.extend(overflow);
+    list
 }
 
 #[cfg(test)]
@@ -565,6 +664,7 @@ pub(crate) mod tests {
         }
         let got: Vec<(Option<&str>, Option<&str>, bool, u64)> = m
             .cancellations
+            .series
             .iter()
             .map(|(k, n)| (k.route.as_deref(), k.model.as_deref(), k.overflow, *n))
             .collect();
@@ -579,11 +679,117 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn every_gap_is_an_itl_sample_and_stall_time_is_counted_by_cause() {
+        let mut m = Metrics::new(100, 0);
+        let mut t = crate::export::spans::tests::sse();
+        t.path = "/v1/threads/123/runs?x=1".into();
+        t.read_start = t.request_start + 2_000_000;
+        t.stalls = vec![crate::model::Stall {
+            chunk: 3,
+            start_ms: 70.0,
+            gap_ms: 150.0,
+            queue_ms: 0.0,
+            prefill_ms: 0.0,
+            gpu_sync_ms: 0.0,
+            flow_control_ms: 0.0,
+            off_cpu_ms: 120.0,
+            off_cpu_reason: Some("futex".into()),
+            socket_ms: 0.0,
+            nagle: false,
+            unexplained_ms: 30.0,
+            batch_fan_in: None,
+            gpu_launches: 0,
+        }];
+        m.record("svc", &t);
+        m.record("svc", &t);
+        let itl: Vec<(&SeriesKey, &Histogram)> = m
+            .latency
+            .iter()
+            .filter(|((l, _), _)| *l == Latency::InterToken)
+            .map(|((_, k), h)| (k, h))
+            .collect();
+        assert_eq!(itl.len(), 1);
+        let (key, h) = itl[0];
+        assert_eq!(key.route.as_deref(), Some("/v1/threads/{id}/runs"));
+        // gaps 15, 15, 150, 15 ms, twice
+        assert_eq!(h.count, 8);
+        assert!((h.sum - 2.0 * 0.195).abs() < 1e-9, "{}", h.sum);
+        assert_eq!((h.min, h.max), (0.015, 0.15));
+        let route = RouteKey::new("svc", "/v1/threads/{id}/runs", Some("llama-3-8b"));
+        let stall_time: Vec<(&str, Option<&str>, f64)> = m
+            .stall_time
+            .series
+            .iter()
+            .map(|((k, c), s)| {
+                assert_eq!(k, &route);
+                (c.cause, c.reason.as_deref(), *s)
+            })
+            .collect();
+        assert_eq!(
+            stall_time,
+            vec![
+                ("off_cpu", Some("futex"), 0.24),
+                ("unexplained", None, 0.06)
+            ]
+        );
+        let durations: Vec<(&str, u64, f64)> = m
+            .stall_duration
+            .series
+            .iter()
+            .map(|((_, c), h)| (*c, h.count, h.sum))
+            .collect();
+        assert_eq!(durations, vec![("off_cpu", 2, 0.3)]);
+        let wait = m.socket_wait.series.get(&route).copied();
+        assert!(wait.is_some_and(|w| (w - 0.004).abs() < 1e-12), "{wait:?}");
+    }
+
+    #[test]
+    fn in_flight_gauges_are_replaced_per_sample_and_drained_series_read_zero() {
+        let mut m = Metrics::new(100, 0);
+        let open = |path: &str, phase| OpenRequest {
+            pid: 1,
+            comm: "c".into(),
+            path: path.into(),
+            model: Some("m".into()),
+            phase,
+        };
+        let a = open("/v1/chat/completions?rid=1", Phase::FirstToken);
+        let b = open("/v1/chat/completions?rid=2", Phase::Streaming);
+        let c = open("/v1/chat/completions?rid=3", Phase::Streaming);
+        m.set_in_flight([("svc", &a), ("svc", &b), ("svc", &c)]);
+        let values = |m: &Metrics| -> Vec<(Phase, u64)> {
+            m.in_flight
+                .series
+                .iter()
+                .map(|((k, p), n)| {
+                    assert_eq!(k.route.as_deref(), Some("/v1/chat/completions"));
+                    (*p, *n)
+                })
+                .collect()
+        };
+        assert_eq!(
+            values(&m),
+            vec![(Phase::FirstToken, 1), (Phase::Streaming, 2)]
+        );
+        m.set_in_flight([("svc", &c)]);
+        assert_eq!(
+            values(&m),
+            vec![(Phase::FirstToken, 0), (Phase::Streaming, 1)]
+        );
+        m.set_in_flight(std::iter::empty());
+        assert_eq!(
+            values(&m),
+            vec![(Phase::FirstToken, 0), (Phase::Streaming, 0)]
+        );
+    }
+
+    #[test]
     fn series_beyond_the_limit_go_to_the_overflow_series() {
         let mut m = Metrics::new(2, 0);
         let key = |model: &str| SeriesKey {
             service: "s".into(),
             operation: Some("chat"),
+            route: None,
             model: Some(model.into()),
             status: Some(200),
             error: None,
@@ -606,5 +812,17 @@ pub(crate) mod tests {
                 (Some("b".into()), false, 1)
             ]
         );
+        assert_eq!(
+            m.latency_overflowed.get(&Latency::RequestDuration),
+            Some(&2)
+        );
+        let overflow = self_metrics(&m, &ExportCounters::default())
+            .into_iter()
+            .find(|s| {
+                s.otel_name == OVERFLOW.0
+                    && s.attributes == [("metric", "gen_ai.server.request.duration")]
+            })
+            .map(|s| s.value);
+        assert_eq!(overflow, Some(2));
     }
 }

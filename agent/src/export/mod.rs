@@ -33,8 +33,11 @@ mod prometheus;
 mod queue;
 mod resource;
 mod retry;
+mod route;
+mod series;
 mod settings;
 mod spans;
+mod stalls;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -59,6 +62,7 @@ use queue::{QueueReceiver, QueueSender};
 use resource::{ResourceCache, ResourceRules};
 use retry::{with_retry, RetryPolicy};
 
+use crate::model::OpenRequest;
 use crate::stitch::RequestTimeline;
 
 /// The wall-clock offset is measured again when a timeline ends this long
@@ -300,6 +304,24 @@ impl Exporter {
                     .fetch_add(count, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Replaces the in-flight gauges with a sample of the open requests
+    /// (each counted under its process's service).
+    pub fn observe_in_flight(&mut self, open: &[OpenRequest]) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        let services: Vec<String> = open
+            .iter()
+            .map(|r| active.resources.get(r.pid, &r.comm).service.clone())
+            .collect();
+        active
+            .shared
+            .metrics
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .set_in_flight(services.iter().map(String::as_str).zip(open));
     }
 
     /// Marks the agent ready (`/readyz`): probes attached, processes scanned.

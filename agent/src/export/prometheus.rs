@@ -18,7 +18,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::health;
-use super::metrics::{self_metrics, ExportCounters, Kind, Metrics, CANCELLATIONS};
+use super::metrics::{
+    self_metrics, ExportCounters, Histogram, Kind, Metrics, CANCELLATIONS, IN_FLIGHT, SOCKET_WAIT,
+    STALL_DURATION, STALL_TIME,
+};
+use super::series::RouteKey;
 use super::Shared;
 
 const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -69,42 +73,123 @@ fn labels(pairs: &[(String, String)]) -> String {
     format!("{{{}}}", inner.join(","))
 }
 
+/// The labels of a request-level series: service, route, model, then the
+/// family's own.
+fn route_labels(key: &RouteKey, own: Vec<(&'static str, String)>) -> Vec<(String, String)> {
+    let mut pairs = vec![("service_name".to_string(), key.service.clone())];
+    pairs.extend(
+        key.attributes()
+            .into_iter()
+            .chain(own)
+            .map(|(k, v)| (prom_name(k), v)),
+    );
+    pairs
+}
+
+fn header(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}");
+    let _ = writeln!(out, "# TYPE {name} {kind}");
+}
+
+/// `_bucket` (cumulative, with `le`), `_sum` and `_count` lines of one
+/// histogram series.
+fn histogram(out: &mut String, name: &str, pairs: &[(String, String)], h: &Histogram) {
+    let mut cumulative = 0;
+    for (i, count) in h.counts.iter().enumerate() {
+        cumulative += count;
+        let le = h
+            .bounds
+            .get(i)
+            .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
+        let mut with_le = pairs.to_vec();
+        with_le.push(("le".to_string(), le));
+        let _ = writeln!(out, "{name}_bucket{} {cumulative}", labels(&with_le));
+    }
+    let _ = writeln!(out, "{name}_sum{} {}", labels(pairs), h.sum);
+    let _ = writeln!(out, "{name}_count{} {}", labels(pairs), h.count);
+}
+
+/// One family of request-level samples, its header only when it has any.
+fn family<'a>(
+    out: &mut String,
+    (otel_name, help): (&str, &str),
+    suffix: &str,
+    kind: &str,
+    samples: impl Iterator<Item = (Vec<(String, String)>, String)> + 'a,
+) {
+    let name = format!("{}{suffix}", prom_name(otel_name));
+    let mut samples = samples.peekable();
+    if samples.peek().is_some() {
+        header(out, &name, help, kind);
+    }
+    for (pairs, value) in samples {
+        let _ = writeln!(out, "{name}{} {value}", labels(&pairs));
+    }
+}
+
 /// Renders every metric in the text exposition format.
 pub fn render(metrics: &Metrics, export: &ExportCounters) -> String {
     let mut out = String::new();
-    let mut family: Option<&str> = None;
+    let mut family_seen: Option<&str> = None;
     for ((which, key), h) in &metrics.latency {
         let name = format!("{}_seconds", prom_name(which.name()));
-        if family != Some(which.name()) {
-            family = Some(which.name());
-            let _ = writeln!(out, "# HELP {name} {}", which.description());
-            let _ = writeln!(out, "# TYPE {name} histogram");
+        if family_seen != Some(which.name()) {
+            family_seen = Some(which.name());
+            header(&mut out, &name, which.description(), "histogram");
         }
         let mut pairs = vec![("service_name".to_string(), key.service.clone())];
         pairs.extend(key.attributes().into_iter().map(|(k, v)| (prom_name(k), v)));
-        let mut cumulative = 0;
-        for (i, count) in h.counts.iter().enumerate() {
-            cumulative += count;
-            let le = h
-                .bounds
-                .get(i)
-                .map_or_else(|| "+Inf".to_string(), |b| b.to_string());
-            let mut with_le = pairs.clone();
-            with_le.push(("le".to_string(), le));
-            let _ = writeln!(out, "{name}_bucket{} {cumulative}", labels(&with_le));
-        }
-        let _ = writeln!(out, "{name}_sum{} {}", labels(&pairs), h.sum);
-        let _ = writeln!(out, "{name}_count{} {}", labels(&pairs), h.count);
+        histogram(&mut out, &name, &pairs, h);
     }
-    if !metrics.cancellations.is_empty() {
-        let (otel_name, help) = CANCELLATIONS;
-        let name = format!("{}_total", prom_name(otel_name));
-        let _ = writeln!(out, "# HELP {name} {help}");
-        let _ = writeln!(out, "# TYPE {name} counter");
-        for (key, n) in &metrics.cancellations {
-            let mut pairs = vec![("service_name".to_string(), key.service.clone())];
-            pairs.extend(key.attributes().into_iter().map(|(k, v)| (prom_name(k), v)));
-            let _ = writeln!(out, "{name}{} {n}", labels(&pairs));
+    family(
+        &mut out,
+        CANCELLATIONS,
+        "_total",
+        "counter",
+        metrics
+            .cancellations
+            .series
+            .iter()
+            .map(|(key, n)| (route_labels(key, Vec::new()), n.to_string())),
+    );
+    family(
+        &mut out,
+        SOCKET_WAIT,
+        "_seconds_total",
+        "counter",
+        metrics
+            .socket_wait
+            .series
+            .iter()
+            .map(|(key, s)| (route_labels(key, Vec::new()), s.to_string())),
+    );
+    family(
+        &mut out,
+        STALL_TIME,
+        "_seconds_total",
+        "counter",
+        metrics
+            .stall_time
+            .series
+            .iter()
+            .map(|((key, cause), s)| (route_labels(key, cause.attributes()), s.to_string())),
+    );
+    family(
+        &mut out,
+        IN_FLIGHT,
+        "",
+        "gauge",
+        metrics.in_flight.series.iter().map(|((key, phase), n)| {
+            let phase = vec![("phase", phase.as_str().to_string())];
+            (route_labels(key, phase), n.to_string())
+        }),
+    );
+    if !metrics.stall_duration.is_empty() {
+        let name = format!("{}_seconds", prom_name(STALL_DURATION.0));
+        header(&mut out, &name, STALL_DURATION.1, "histogram");
+        for ((key, cause), h) in &metrics.stall_duration.series {
+            let pairs = route_labels(key, vec![("cause", (*cause).to_string())]);
+            histogram(&mut out, &name, &pairs, h);
         }
     }
     let mut seen: Option<&str> = None;
@@ -218,6 +303,7 @@ mod tests {
         let key = SeriesKey {
             service: "chat\"api".into(),
             operation: Some("chat"),
+            route: None,
             model: Some("m1".into()),
             status: Some(200),
             error: None,
@@ -276,6 +362,7 @@ mod tests {
         let key = SeriesKey {
             service: "s".into(),
             operation: None,
+            route: Some("/v1/chat/completions".into()),
             model: Some("m".into()),
             status: Some(500),
             error: Some("500".into()),
@@ -288,12 +375,52 @@ mod tests {
                 crate::export::metrics::Histogram::new(which.bounds()),
             );
         }
+        let mut t = crate::export::spans::tests::sse();
+        t.aborted = true;
+        t.abort_reason = Some(crate::stitch::AbortReason::ClientClosed);
+        t.read_start = t.request_start + 1;
+        t.stalls = vec![crate::model::Stall {
+            chunk: 3,
+            start_ms: 70.0,
+            gap_ms: 150.0,
+            queue_ms: 0.0,
+            prefill_ms: 0.0,
+            gpu_sync_ms: 0.0,
+            flow_control_ms: 0.0,
+            off_cpu_ms: 150.0,
+            off_cpu_reason: Some("sleep".into()),
+            socket_ms: 0.0,
+            nagle: false,
+            unexplained_ms: 0.0,
+            batch_fan_in: None,
+            gpu_launches: 0,
+        }];
+        m.record("s", &t);
+        let open = crate::model::OpenRequest {
+            pid: 1,
+            comm: "c".into(),
+            path: "/v1/chat/completions".into(),
+            model: None,
+            phase: crate::model::Phase::Streaming,
+        };
+        m.set_in_flight([("s", &open)]);
         let text = render(&m, &ExportCounters::default());
         let names: std::collections::BTreeSet<&str> = text
             .lines()
             .filter_map(|l| l.split(['{', ' ']).next())
             .filter(|n| !n.starts_with('#'))
             .collect();
+        let l = "service_name=\"s\",http_route=\"/v1/chat/completions\",gen_ai_request_model=\"llama-3-8b\"";
+        for line in [
+            format!("tokentrace_stall_time_seconds_total{{{l},cause=\"off_cpu\",reason=\"sleep\"}} 0.15\n"),
+            format!("tokentrace_stall_duration_seconds_count{{{l},cause=\"off_cpu\"}} 1\n"),
+            format!("tokentrace_client_cancellations_total{{{l}}} 1\n"),
+            format!("tokentrace_socket_wait_seconds_total{{{l}}} 0.000000001\n"),
+            "# TYPE tokentrace_requests_in_flight gauge\ntokentrace_requests_in_flight{service_name=\"s\",http_route=\"/v1/chat/completions\",phase=\"streaming\"} 1\n".to_string(),
+            "gen_ai_server_inter_token_latency_seconds_count{service_name=\"s\",gen_ai_operation_name=\"chat\",http_route=\"/v1/chat/completions\",gen_ai_request_model=\"llama-3-8b\",http_response_status_code=\"200\",error_type=\"client_closed\"} 4\n".to_string(),
+        ] {
+            assert!(text.contains(&line), "no {line:?} in:\n{text}");
+        }
         let mut checked = 0;
         for word in dashboard.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
             if word.starts_with("gen_ai_server_") || word.starts_with("tokentrace_") {
@@ -304,12 +431,17 @@ mod tests {
                 checked += 1;
             }
         }
-        assert!(checked > 10, "only {checked} metric references found");
+        assert!(checked > 30, "only {checked} metric references found");
         for label in [
             "service_name",
             "gen_ai_request_model",
             "http_response_status_code",
             "error_type",
+            "http_route",
+            "phase",
+            "cause",
+            "reason",
+            "metric",
         ] {
             assert!(
                 text.contains(&format!("{label}=")),

@@ -4,8 +4,10 @@
 //! here lets the explainer consume timelines and the timeline carry its
 //! stalls without either stage importing the other.
 
+pub mod in_flight;
 mod stall;
 pub mod timeline;
 
+pub use in_flight::{OpenRequest, Phase};
 pub use stall::Stall;
 pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};

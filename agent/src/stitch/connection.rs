@@ -15,6 +15,7 @@ use super::request::RequestReader;
 use super::response::{ResponseReader, WriteOutcome};
 use super::sink::Sink;
 use super::timeline::{AbortReason, RequestTimeline};
+use crate::model::OpenRequest;
 
 /// What the traced process is on this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,6 +133,17 @@ impl Connection {
             exchanges: Exchanges::default(),
             h2: None,
             limits: limits.clone(),
+        }
+    }
+
+    /// Appends the requests this connection serves that are not finished.
+    pub(crate) fn open_requests(&self, out: &mut Vec<OpenRequest>) {
+        if self.role != Role::Server {
+            return;
+        }
+        match &self.h2 {
+            Some(h2) => out.extend(h2.exchanges().map(|ex| ex.open_request(&self.comm))),
+            None => out.extend(self.exchanges.iter().map(|ex| ex.open_request(&self.comm))),
         }
     }
 

@@ -12,6 +12,7 @@ use crate::event::{ConnId, MonoNs};
 
 use super::http::RequestHead;
 use super::timeline::{AbortReason, RequestTimeline};
+use crate::model::{OpenRequest, Phase};
 
 /// When a request began: the read that brought its first byte, and when
 /// that byte reached the host if the kernel dated it.
@@ -63,6 +64,18 @@ pub(crate) struct Exchange {
 }
 
 impl Exchange {
+    /// What the in-flight gauges count of this unfinished exchange.
+    pub(crate) fn open_request(&self, comm: &str) -> OpenRequest {
+        let t = &self.timeline;
+        OpenRequest {
+            pid: t.conn.pid,
+            comm: comm.to_owned(),
+            path: t.path.clone(),
+            model: t.model.clone().or_else(|| self.response_model.clone()),
+            phase: Phase::of(t),
+        }
+    }
+
     /// The finished timeline. Process name and addresses are filled in by
     /// the connection, which may learn them after the request started.
     pub(crate) fn into_timeline(self, end: MonoNs, abort: Option<AbortReason>) -> RequestTimeline {
@@ -147,6 +160,11 @@ impl Exchanges {
 
     pub(crate) fn len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// The queued exchanges, oldest first.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Exchange> {
+        self.queue.iter()
     }
 
     /// Removes every queued exchange, oldest first.

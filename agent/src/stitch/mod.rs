@@ -181,6 +181,14 @@ impl Stitcher {
         &self.stats
     }
 
+    /// The requests read but not finished, for the in-flight gauges: a
+    /// snapshot, so export needs nothing of the stitcher's state.
+    pub fn open_requests(&self) -> Vec<crate::model::OpenRequest> {
+        let mut out = Vec::new();
+        self.connections.open_requests(&mut out);
+        out
+    }
+
     pub fn open_connections(&self) -> usize {
         self.connections.len()
     }

@@ -29,6 +29,7 @@ use super::input::Io;
 use super::sink::Sink;
 use super::timeline::AbortReason;
 use super::StitchConfig;
+use crate::model::OpenRequest;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Connections {
@@ -54,6 +55,15 @@ impl Connections {
             by_recency: BTreeSet::new(),
             config,
             limits,
+        }
+    }
+
+    /// Appends every unfinished request, connections in id order.
+    pub(crate) fn open_requests(&self, out: &mut Vec<OpenRequest>) {
+        for id in &self.ids {
+            if let Some(conn) = self.map.get(id) {
+                conn.open_requests(out);
+            }
         }
     }
 

@@ -765,6 +765,44 @@ fn truncated_request_body_is_counted_by_length() {
 }
 
 #[test]
+fn open_requests_are_snapshotted_by_phase_without_being_consumed() {
+    use crate::model::Phase;
+    let mut sim = Sim::new();
+    let mut reads = chat_request("m1", true);
+    reads.extend(get_request("/second"));
+    sim.read(100, reads);
+    sim.write(200, SSE_CHUNKED_HEAD);
+    let waiting = |sim: &Sim| -> Vec<(String, Option<String>, Phase, u32)> {
+        sim.st
+            .open_requests()
+            .into_iter()
+            .map(|r| (r.path, r.model, r.phase, r.pid))
+            .collect()
+    };
+    let first = |phase| {
+        (
+            "/v1/chat/completions".to_string(),
+            Some("m1".to_string()),
+            phase,
+            PID,
+        )
+    };
+    let second = ("/second".to_string(), None, Phase::FirstToken, PID);
+    // the response head is not a token
+    assert_eq!(
+        waiting(&sim),
+        vec![first(Phase::FirstToken), second.clone()]
+    );
+    sim.write(300, chunk(&standard_events()[0]));
+    assert_eq!(waiting(&sim), vec![first(Phase::Streaming), second]);
+    assert!(sim.out.is_empty(), "a snapshot reports nothing");
+    sim.write(400, LAST_CHUNK);
+    sim.write(500, json_response(r#"{"id":"x"}"#));
+    assert_eq!(sim.take().len(), 2);
+    assert_eq!(waiting(&sim), vec![]);
+}
+
+#[test]
 fn pipelined_requests_in_one_read() {
     let mut sim = Sim::new();
     let mut reads = get_request("/first");

@@ -642,6 +642,11 @@ impl H2Conn {
 
     /// Every stream in flight, aborted at `end` with `reason`, lowest id
     /// first.
+    /// The open streams' exchanges, by stream id.
+    pub(crate) fn exchanges(&self) -> impl Iterator<Item = &Exchange> {
+        self.streams.values().map(Stream::exchange)
+    }
+
     pub(crate) fn drain(&mut self, end: MonoNs, reason: AbortReason) -> Vec<RequestTimeline> {
         std::mem::take(&mut self.streams)
             .into_values()

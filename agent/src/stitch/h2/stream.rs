@@ -44,6 +44,11 @@ pub(crate) struct Stream {
 }
 
 impl Stream {
+    /// The stream's request and response so far.
+    pub(crate) fn exchange(&self) -> &Exchange {
+        &self.ex
+    }
+
     /// The client's HEADERS opened stream `id`, its first byte read as
     /// `start` says.
     pub(crate) fn open(

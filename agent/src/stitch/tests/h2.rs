@@ -596,3 +596,34 @@ fn a_control_frame_read_across_a_capture_gap_is_not_read_from_misaligned_bytes()
         t.flow_control_waits
     );
 }
+
+#[test]
+fn open_streams_are_reported_by_phase_until_they_end() {
+    use crate::model::Phase;
+    let phases = |sim: &Sim| -> Vec<(String, Phase)> {
+        sim.st
+            .open_requests()
+            .into_iter()
+            .map(|r| (r.path, r.phase))
+            .collect()
+    };
+    let mut sim = Sim::new();
+    sim.read_at(1, 2, client_start());
+    let mut reqs = sse_request(1, "a");
+    reqs.extend(sse_request(3, "b"));
+    sim.read_at(8, 10, reqs);
+    sim.write(20, sse_headers(1));
+    sim.write(21, sse_event(1, 0, false));
+    sim.write(22, sse_headers(3));
+    assert_eq!(
+        phases(&sim),
+        vec![
+            ("/v1/stream?rid=a".to_string(), Phase::Streaming),
+            ("/v1/stream?rid=b".to_string(), Phase::FirstToken),
+        ]
+    );
+    sim.write(23, sse_event(1, 1, true));
+    sim.write(24, sse_event(3, 0, true));
+    assert_eq!(sim.take().len(), 2);
+    assert_eq!(phases(&sim), vec![]);
+}
