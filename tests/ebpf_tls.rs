@@ -697,9 +697,9 @@ fn root_tls_uvicorn_fastapi_sse() {
 /// their reads; every timeline must still carry its own connection's
 /// addresses (the client's end of it), and every request be reported once.
 /// Timing is ebpf_tls's other tests' job: only addresses and counts here.
-/// (uvicorn's first SSL_read of a connection runs right after its socket
-/// read; the hazard of a first SSL_read from a callback — asyncio's
-/// resume_reading — is not exercised here: see the soak note.)
+/// (uvicorn's first SSL call of a connection runs right after its socket
+/// read, so each is tied at its handshake; the loop that reads several
+/// sockets first is the gathering test's.)
 #[test]
 fn root_tls_uvicorn_many_connections_on_one_loop_keep_their_addresses() {
     require_root("root_tls_uvicorn_many_connections_on_one_loop_keep_their_addresses");
@@ -736,6 +736,102 @@ fn root_tls_uvicorn_many_connections_on_one_loop_keep_their_addresses() {
         &values,
         &format!("127.0.0.1:{}", server.port),
         &mut failures,
+    );
+    let mut exit = Report::new();
+    check_agent_exit(&agent, stop, &mut exit);
+    failures.extend(exit.failures);
+    assert_no_failures(title, &failures, &load);
+}
+
+/// A server that reads every ready socket of a select() round before it
+/// runs OpenSSL on any (tests/servers/gathering_tls_server.py, memory BIOs:
+/// no socket I/O nests in an OpenSSL call). When a connection's handshake
+/// or first SSL_read runs, the thread's latest socket read is usually
+/// another connection's: tied to it, a timeline carried that connection's
+/// addresses. The probes tie an untied SSL* only to the thread's one
+/// untaken TLS read, so: connections that come one at a time are tied (and
+/// must carry their own addresses); in bursts a timeline may carry none,
+/// never another connection's.
+#[test]
+fn root_tls_gathering_event_loop_never_takes_another_connections_addresses() {
+    require_root("root_tls_gathering_event_loop_never_takes_another_connections_addresses");
+    let title = "TLS server reading a round of sockets before OpenSSL";
+    let load = BoxLoad::start();
+    let tls = TlsDir::new("gathering");
+    let server = StampingServer::start(
+        "tests/servers/gathering_tls_server.py",
+        &["--port", "0", "--cert", tls.cert(), "--key", tls.key()],
+    );
+    let mut agent = start_agent_with_env(&Agent::for_pids(&[server.proc.pid()]), AGENT_ENV);
+    let burst = |rounds: &str, conns: &str, prefix: &str| -> Vec<Value> {
+        let port = server.port.to_string();
+        let run = Command::new(python())
+            .arg(repo_root().join("tests/clients/tls_burst.py"))
+            .args([
+                "--port", &port, "--rounds", rounds, "--conns", conns, "--prefix", prefix,
+            ])
+            .output()
+            .expect("run tls_burst.py");
+        assert!(
+            run.status.success(),
+            "tls_burst.py failed: {}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        String::from_utf8_lossy(&run.stdout)
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    };
+    let alone = burst("4", "1", "alone");
+    let crowd = burst("4", "12", "crowd");
+    assert_eq!((alone.len(), crowd.len()), (4, 48), "client records");
+    let paths: BTreeSet<String> = alone
+        .iter()
+        .chain(&crowd)
+        .filter_map(|c| str_field(c, "path"))
+        .collect();
+    let missing = agent.wait_for_paths(&paths, Duration::from_secs(20));
+    let stop = agent.stop();
+    let values = agent.values();
+    let by_path = by_path(&values);
+    let local = format!("127.0.0.1:{}", server.port);
+    let mut failures = Vec::new();
+    if !missing.is_empty() {
+        failures.push(format!("no timeline for {missing:?}"));
+    }
+    let (mut right, mut none) = (0, 0);
+    for (c, must_be_tied) in alone
+        .iter()
+        .map(|c| (c, true))
+        .chain(crowd.iter().map(|c| (c, false)))
+    {
+        let path = str_field(c, "path").unwrap_or_default();
+        if c["ok"].as_bool() != Some(true) {
+            failures.push(format!("{path}: the client's response was incomplete"));
+        }
+        let lines = by_path.get(&path).map(Vec::as_slice).unwrap_or_default();
+        let [line] = lines else {
+            failures.push(format!("{path}: {} timelines, expected 1", lines.len()));
+            continue;
+        };
+        let (la, pa) = (str_field(line, "local_addr"), str_field(line, "peer_addr"));
+        let expected = (Some(local.clone()), str_field(c, "client_addr"));
+        if (la.clone(), pa.clone()) == expected {
+            right += 1;
+        } else if la.is_none() && pa.is_none() && !must_be_tied {
+            none += 1;
+        } else {
+            failures.push(format!(
+                "{path}: local/peer address {la:?}/{pa:?}, expected {:?}/{:?} (the client's end of the connection)",
+                expected.0, expected.1
+            ));
+        }
+    }
+    eprintln!(
+        "[test] {right} of {} TLS timelines with their own addresses, {none} (in bursts) with none, \
+         {} wrong or missing where they must be known",
+        alone.len() + crowd.len(),
+        failures.len()
     );
     let mut exit = Report::new();
     check_agent_exit(&agent, stop, &mut exit);

@@ -17,7 +17,8 @@ gives up before the server even accepted it).
 
 One JSON line per connection on stdout, CLOCK_MONOTONIC ns
 (time.monotonic_ns, the clock of bpf_ktime_get_ns):
-  {"rid", "client_port", "t_connect" (connect() returned),
+  {"rid", "client_port", "t_connect_call" (just before connect()),
+   "t_connect" (connect() returned),
    "handshake_ns" (TLS: do_handshake() duration, else null), "t_handshake"
    (TLS: just before do_handshake()),
    "t_send" (just before the request's sendall), "events" (received),
@@ -36,10 +37,11 @@ import time
 
 def run_one(i, args, barrier, out):
     rid = f"{args.rid_prefix}{i}"
-    rec = {"rid": rid, "client_port": None, "t_connect": None, "handshake_ns": None,
+    rec = {"rid": rid, "client_port": None, "t_connect_call": None, "t_connect": None, "handshake_ns": None,
            "t_send": None, "events": 0, "t_close": None, "error": None}
     sock = None
     try:
+        rec["t_connect_call"] = time.monotonic_ns()
         raw = socket.create_connection(("127.0.0.1", args.port), timeout=args.timeout)
         rec["t_connect"] = time.monotonic_ns()
         rec["client_port"] = raw.getsockname()[1]

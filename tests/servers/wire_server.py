@@ -29,7 +29,8 @@ GET /close-unanswered?rid=R
 Per request, one JSON line on stdout (all CLOCK_MONOTONIC ns, the clock of
 bpf_ktime_get_ns):
   {"rid", "path", "t_accept" (accept() returned; null for later requests on
-   the connection), "t_tls" (--tls: the server's handshake returned; null
+   the connection), "t_accept_call" (just before that accept(); null
+   likewise), "t_tls" (--tls: the server's handshake returned; null
    likewise), "t_read" (the recv() that brought the request's first
    byte returned), "t_write": [stamp just before each event's send()],
    "writes_ok": events whose send() succeeded, "error": null | "EPIPE" | ...}
@@ -70,7 +71,9 @@ def read_request(conn, buf):
     return head, rest, t_read
 
 
-def serve_connection(conn, t_accept, t_tls=None):
+def serve_connection(conn, accepted, t_tls=None):
+    """`accepted`: (just before accept(), accept() returned)."""
+    t_accept_call, t_accept = accepted
     buf = b""
     while True:
         got = read_request(conn, buf)
@@ -81,10 +84,10 @@ def serve_connection(conn, t_accept, t_tls=None):
         target = line.split(" ")[1] if " " in line else "/"
         url = urlsplit(target)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
-        rec = {"rid": q.get("rid"), "path": target, "t_accept": t_accept,
-               "t_tls": t_tls, "t_read": t_read, "t_write": [], "writes_ok": 0,
+        rec = {"rid": q.get("rid"), "path": target, "t_accept_call": t_accept_call,
+               "t_accept": t_accept, "t_tls": t_tls, "t_read": t_read, "t_write": [], "writes_ok": 0,
                "error": None}
-        t_accept = t_tls = None
+        t_accept_call = t_accept = t_tls = None
         if url.path == "/close-unanswered":
             emit(rec)
             return
@@ -136,6 +139,7 @@ def main():
             # Wait for a connection to be queued, then leave it there.
             select.select([ls], [], [])
             time.sleep(args.hold_accept_ms / 1e3)
+        t_accept_call = now()
         conn, _ = ls.accept()
         t_accept = now()
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -144,9 +148,10 @@ def main():
             if ctx is not None:
                 conn = ctx.wrap_socket(conn, server_side=True)
                 t_tls = now()
-            serve_connection(conn, t_accept, t_tls)
+            serve_connection(conn, (t_accept_call, t_accept), t_tls)
         except (ssl.SSLError, OSError) as e:
-            emit({"rid": None, "path": None, "t_accept": t_accept, "t_read": None,
+            emit({"rid": None, "path": None, "t_accept_call": t_accept_call,
+                  "t_accept": t_accept, "t_read": None,
                   "t_write": [], "writes_ok": 0, "error": type(e).__name__})
         finally:
             conn.close()

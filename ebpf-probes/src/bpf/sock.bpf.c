@@ -95,13 +95,41 @@ struct {
  * with the thread's latest read of that socket, which dates it: by its
  * oldest byte, or by its newest when a handshake consumed the start of it
  * (a memory BIO fed the client's Finished and the first request together;
- * the request is the tail). */
+ * the request is the tail).
+ *
+ * The latest read is not always the SSL*'s own: an event loop can read
+ * several sockets before it feeds their bytes to their SSL objects (a
+ * loop that gathers a select() round first, or SSL_read from a callback
+ * after another connection was read). So an untied SSL* is tied only to
+ * the thread's one socket read that looks like TLS (a record header first)
+ * and that no SSL call took yet (`pending`). With two or more untaken, or
+ * after `pending` overflowed, it stays untied (no addresses, never wrong
+ * ones) until a call that can be told apart; tied SSL*s take their own
+ * socket's entry. A connection's first read, the ClientHello, always
+ * starts with a record header. */
+#define PENDING_READS 4
+
+struct pending_read {
+	__s32 fd;
+	/* A handshake took the start of it (its SSL* is tied by then): an
+	 * SSL_read of the rest is dated by its newest byte, see above. */
+	__u32 handshake_taken;
+	__u64 ingress_ns;
+	__u64 newest_ns;
+};
+
 struct last_read {
 	__s32 fd;
 	/* SSL_do_handshake completed on this read's bytes. */
 	__u32 after_handshake;
 	__u64 ingress_ns;
 	__u64 newest_ns;
+	/* Reads of `pending` lost because it was full: no "exactly one". */
+	__u32 overflow;
+	/* Socket reads not yet taken by an SSL_read since (fd -1: free slot),
+	 * with when their oldest and newest bytes arrived: an SSL_read from a
+	 * callback is dated by its own socket's read, not the latest. */
+	struct pending_read pending[PENDING_READS];
 };
 
 struct {
@@ -154,6 +182,114 @@ enum tt_io_call _io_call = 0;
 enum tt_peer_close _peer_close = 0;
 
 /* ---- data path ---------------------------------------------------------- */
+
+/* Whether a read's bytes start like a TLS record (content type 20-23,
+ * version major 3): only those can be an SSL* 's ciphertext. A read that
+ * starts inside a record (the previous one ended mid-record) is missed:
+ * no tie from it, never a wrong one. */
+static __always_inline bool tls_like(const struct io_args *a)
+{
+	__u8 head[2] = {};
+	__u64 src = a->buf;
+
+	if (a->iovcnt) {
+		struct iovec v = {};
+		if (bpf_probe_read_user(&v, sizeof(v), (void *)a->buf))
+			return false;
+		src = (__u64)v.iov_base;
+	}
+	if (bpf_probe_read_user(head, sizeof(head), (void *)src))
+		return false;
+	return head[0] >= 20 && head[0] <= 23 && head[1] == 3;
+}
+
+/* A socket read by a traced thread: the thread's latest; if it looks like
+ * TLS, one an SSL_read may take (pending). A read of a socket already
+ * pending keeps the older entry (its oldest byte is the one to date by)
+ * unless a handshake took that one. */
+static __always_inline void note_read(__u64 pid_tgid, __s32 fd, __u64 ingress, __u64 newest, bool tls)
+{
+	struct last_read *old = bpf_map_lookup_elem(&last_read, &pid_tgid);
+	struct last_read lr = {
+		.fd = fd,
+		.ingress_ns = ingress,
+		.newest_ns = newest,
+	};
+
+	for (int i = 0; i < PENDING_READS; i++) {
+		if (old)
+			lr.pending[i] = old->pending[i];
+		else
+			lr.pending[i].fd = -1;
+	}
+	lr.overflow = old ? old->overflow : 0;
+	if (tls) {
+		int idx = -1, free = -1, spare = -1;
+		for (int i = 0; i < PENDING_READS; i++) {
+			if (lr.pending[i].fd == fd)
+				idx = i;
+			else if (lr.pending[i].fd < 0 && free < 0)
+				free = i;
+			else if (lr.pending[i].handshake_taken && spare < 0)
+				spare = i;
+		}
+		/* A handshake's leftover (tied already, kept only to date what
+		 * follows the handshake) gives way before a read is lost. */
+		if (free < 0)
+			free = spare;
+		struct pending_read p = { .fd = fd, .ingress_ns = ingress, .newest_ns = newest };
+		if (idx >= 0) {
+			if (lr.pending[idx & (PENDING_READS - 1)].handshake_taken)
+				lr.pending[idx & (PENDING_READS - 1)] = p;
+		} else if (free >= 0) {
+			lr.pending[free & (PENDING_READS - 1)] = p;
+		} else {
+			lr.overflow = 1;
+		}
+	}
+	bpf_map_update_elem(&last_read, &pid_tgid, &lr, BPF_ANY);
+}
+
+/* The pending read of `fd`, or NULL. */
+static __always_inline struct pending_read *pending_of(struct last_read *lr, __s32 fd)
+{
+	for (int i = 0; i < PENDING_READS; i++) {
+		if (lr->pending[i].fd == fd)
+			return &lr->pending[i];
+	}
+	return NULL;
+}
+
+/* What was read from `fd` is taken (or will never be: closed). */
+static __always_inline void consume_read(struct last_read *lr, __s32 fd)
+{
+	int left = 0;
+
+	for (int i = 0; i < PENDING_READS; i++) {
+		if (lr->pending[i].fd == fd)
+			lr->pending[i].fd = -1;
+		else if (lr->pending[i].fd >= 0)
+			left++;
+	}
+	if (!left)
+		lr->overflow = 0;
+}
+
+/* The only pending read of the thread whose SSL* is not known yet (not
+ * taken by a handshake), or -1. */
+static __always_inline __s32 only_pending(struct last_read *lr)
+{
+	__s32 fd = -1;
+	int n = 0;
+
+	for (int i = 0; i < PENDING_READS; i++) {
+		if (lr->pending[i].fd >= 0 && !lr->pending[i].handshake_taken) {
+			fd = lr->pending[i].fd;
+			n++;
+		}
+	}
+	return n == 1 && !lr->overflow ? fd : -1;
+}
 
 static __always_inline int enter_io(int fd, __u64 buf, __u32 iovcnt, __u8 call, __u8 direction)
 {
@@ -269,8 +405,7 @@ static __always_inline int exit_io(long ret)
 	if (a.direction == TT_DIR_INGRESS) {
 		if (st)
 			ingress = read_ingress(sk, st, ret, &newest);
-		struct last_read lr = { .fd = a.fd, .ingress_ns = ingress, .newest_ns = newest };
-		bpf_map_update_elem(&last_read, &pid_tgid, &lr, BPF_ANY);
+		note_read(pid_tgid, a.fd, ingress, newest, tls_like(&a));
 	}
 
 	struct ssl_call *in_ssl = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
@@ -460,8 +595,14 @@ int exit_accept4(struct trace_event_raw_sys_exit *ctx)
 SEC("tracepoint/syscalls/sys_enter_close")
 int enter_close(struct trace_event_raw_sys_enter *ctx)
 {
-	if (!is_traced(bpf_get_current_pid_tgid() >> 32))
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+
+	if (!is_traced(pid_tgid >> 32))
 		return 0;
+	/* A read nobody will consume: it must not keep "exactly one" away. */
+	struct last_read *lr = bpf_map_lookup_elem(&last_read, &pid_tgid);
+	if (lr)
+		consume_read(lr, (__s32)ARG(0));
 	return emit_conn(TT_EVENT_CLOSE, ARG(0));
 }
 
@@ -642,16 +783,15 @@ int BPF_UPROBE(ssl_handshake_enter)
 
 /* SSL_do_handshake succeeded: the handshake ran from the arrival of the
  * connection's first byte (the ClientHello) to now. */
-static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid)
+static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last_read *lr, __s32 tie)
 {
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = ssl };
 	__s32 *fdp = bpf_map_lookup_elem(&ssl_fds, &key);
 	__s32 fd = -1;
 	__u64 start = 0, ino = 0;
 
-	struct last_read *lr = bpf_map_lookup_elem(&last_read, &pid_tgid);
-	if (!fdp && lr)
-		fdp = &lr->fd;
+	if (!fdp && tie >= 0)
+		fdp = &tie;
 	if (lr && fdp && lr->fd == *fdp)
 		lr->after_handshake = 1;
 	struct sock *sk = fdp ? tcp_sock_of_fd(*fdp, &ino) : NULL;
@@ -697,8 +837,33 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	 * comes back as rax = 0xffffffff, which as a long is a 4 GiB read. */
 	int rc = (int)ret;
 	bpf_map_delete_elem(&ssl_calls, &pid_tgid);
-	if (c.call == TT_IO_SSL_HANDSHAKE)
-		return rc == 1 ? handshake_done(c.ssl, pid_tgid) : 0;
+	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
+	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
+	/* Reads and handshakes take the thread's socket reads: which fd an
+	 * untied SSL* uses (see struct last_read), and when its bytes came. */
+	struct last_read *lr = c.direction == TT_DIR_INGRESS ? bpf_map_lookup_elem(&last_read, &pid_tgid) : NULL;
+	__s32 tie = -1;
+	struct pending_read taken = { .fd = -1 };
+	if (lr) {
+		tie = fd ? *fd : only_pending(lr);
+		struct pending_read *p = tie >= 0 ? pending_of(lr, tie) : NULL;
+		if (p)
+			taken = *p;
+	}
+	/* Whatever the call returned, the tie is unambiguous: keep it. */
+	if (!fd && tie >= 0) {
+		bpf_map_update_elem(&ssl_fds, &key, &tie, BPF_ANY);
+		fd = &tie;
+	}
+	if (c.call == TT_IO_SSL_HANDSHAKE) {
+		/* The handshake took the start of its socket's read; what is left
+		 * of it (a request sent with the client's Finished) is dated by
+		 * its newest byte when SSL_read takes it. */
+		struct pending_read *p = lr && tie >= 0 ? pending_of(lr, tie) : NULL;
+		if (p)
+			p->handshake_taken = 1;
+		return rc == 1 ? handshake_done(c.ssl, pid_tgid, lr, tie) : 0;
+	}
 	if (c.out_len) {
 		/* _ex, and the internal helpers with their arguments: > 0 on
 		 * success (the helpers may return other positive values), the
@@ -730,16 +895,18 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	e->unsent_bytes = 0;
 	e->ingress_ns = 0;
 	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
-	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
-	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
-	struct last_read *lr = c.direction == TT_DIR_INGRESS ? bpf_map_lookup_elem(&last_read, &pid_tgid) : NULL;
-	if (!fd && lr) {
-		fd = &lr->fd;
-		bpf_map_update_elem(&ssl_fds, &key, fd, BPF_ANY);
-	}
-	if (lr && fd && lr->fd == *fd) {
+	/* Dated by its own socket's untaken read (not the thread's latest:
+	 * that may be another connection's); a TLS record that did not start
+	 * that read (OpenSSL reading a record's body after its header) falls
+	 * back to the latest read when it is the same socket's. */
+	if (taken.fd >= 0) {
+		e->ingress_ns = taken.handshake_taken ? taken.newest_ns : taken.ingress_ns;
+	} else if (lr && fd && lr->fd == *fd) {
 		e->ingress_ns = lr->after_handshake ? lr->newest_ns : lr->ingress_ns;
+	}
+	if (lr && fd) {
 		lr->after_handshake = 0;
+		consume_read(lr, *fd);
 	}
 	if (fd) {
 		__u64 ino = 0;
