@@ -49,6 +49,9 @@ pub struct Config {
     pub kubernetes: crate::k8s::KubernetesConfig,
     #[serde(default)]
     pub explain: ExplainConfig,
+    /// SLO triggers: sessions the daemon records by itself.
+    #[serde(default)]
+    pub triggers: crate::trigger::TriggersConfig,
 }
 
 /// Stall explanations ("why was this token late").
@@ -156,6 +159,7 @@ impl Default for Config {
             explain: ExplainConfig::default(),
             export: crate::export::ExportConfig::default(),
             kubernetes: crate::k8s::KubernetesConfig::default(),
+            triggers: crate::trigger::TriggersConfig::default(),
         }
     }
 }
@@ -225,6 +229,7 @@ impl Config {
                 "capture.ring_buffer_bytes must be a power of two of at least 4096, got {ring}"
             )));
         }
+        self.triggers.validate().map_err(ConfigError::Invalid)?;
         if self.capture.poll_interval.is_zero() {
             return Err(ConfigError::Invalid(
                 "capture.poll_interval must be above zero".into(),

@@ -25,4 +25,5 @@ pub mod probes;
 pub mod run;
 pub mod session;
 pub mod stitch;
+pub mod trigger;
 pub mod units;

@@ -22,6 +22,7 @@ use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
 use crate::session::SessionHub;
 use crate::stitch::{RequestTimeline, Stitcher};
+use crate::trigger::Triggers;
 use crate::units::monotonic_now;
 
 const PROC: &str = "/proc";
@@ -162,6 +163,8 @@ struct Pipeline<'a> {
     finished: Vec<RequestTimeline>,
     /// Recording sessions tapping the event stream.
     sessions: Option<SessionHub>,
+    /// SLO triggers starting sessions by themselves.
+    triggers: Option<Triggers>,
     /// Timelines are not printed (`record` shows progress instead).
     quiet: bool,
 }
@@ -171,6 +174,9 @@ impl Pipeline<'_> {
         self.summary.events += batch.len() as u64;
         if let Some(sessions) = &self.sessions {
             sessions.on_events(batch);
+        }
+        if let Some(triggers) = &mut self.triggers {
+            triggers.on_events(batch, monotonic_now());
         }
         for event in batch {
             if let Some(change) = self.tracker.on_event(event, Path::new(PROC)) {
@@ -200,6 +206,7 @@ impl Pipeline<'_> {
             timeline.stalls = self.explainer.explain(&timeline);
             self.summary.record(&timeline);
             self.exporter.record(&timeline);
+            self.judge(&timeline);
             if !self.quiet && self.printer.print(&timeline).is_err() {
                 return Some(Stop::OutputClosed);
             }
@@ -211,6 +218,28 @@ impl Pipeline<'_> {
             }
         }
         None
+    }
+
+    /// Hands a reported timeline to the triggers; a firing is logged and
+    /// exported.
+    fn judge(&mut self, timeline: &RequestTimeline) {
+        let Some(triggers) = &mut self.triggers else {
+            return;
+        };
+        let service = self.exporter.service_of(timeline.conn.pid, &timeline.comm);
+        let route = crate::export::normalise_route(&timeline.path);
+        for firing in triggers.observe(&service, &route, timeline) {
+            match (&firing.session, &firing.error) {
+                (Some(id), _) => tracing::warn!("{}: recording session {id}", firing.describe()),
+                (None, err) => tracing::warn!(
+                    "{}: no session recorded: {}",
+                    firing.describe(),
+                    err.as_deref().unwrap_or("unknown")
+                ),
+            }
+            self.exporter
+                .record_trigger(&firing, timeline.conn.pid, &timeline.comm, timeline.end);
+        }
     }
 
     /// Open requests the tracker would report, for the in-flight gauges.
@@ -289,6 +318,18 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         Some(hub) => (Some(hub), None),
         None => crate::session::control::for_run(&args.control, &config).await?,
     };
+    // Triggers record through a hub even where no control endpoint runs.
+    let sessions = sessions.or_else(|| {
+        (!config.triggers.rules.is_empty()).then(|| {
+            SessionHub::new(crate::session::control::hub_settings(
+                &args.control,
+                &config,
+            ))
+        })
+    });
+    let triggers = sessions
+        .clone()
+        .and_then(|hub| Triggers::new(config.triggers.clone(), hub));
     ensure_tracefs()?;
     route_libbpf_logs();
 
@@ -368,6 +409,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         request_limit: args.requests,
         finished: Vec::new(),
         sessions,
+        triggers,
         quiet: hooks.quiet,
     };
     let idle_ns = u64::try_from(config.stitch.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
@@ -397,6 +439,9 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
                 let now = monotonic_now();
                 pipeline.stitcher.expire_idle(now, idle_ns, &mut pipeline.finished);
                 pipeline.explainer.prune(now);
+                if let Some(triggers) = &mut pipeline.triggers {
+                    triggers.tick(now);
+                }
                 pipeline.exporter.observe_agent(pipeline.agent_counters());
                 let open = pipeline.open_requests();
                 pipeline.exporter.observe_in_flight(&open);
@@ -439,6 +484,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         mut summary,
         exporter,
         sessions,
+        triggers,
         ..
     } = pipeline;
     if let Some(sessions) = sessions {
@@ -446,6 +492,10 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         tokio::task::spawn_blocking(move || sessions.shutdown())
             .await
             .context("waiting for recording sessions to finish")?;
+    }
+    if let Some(mut triggers) = triggers {
+        // The sessions just written count towards the size bound too.
+        triggers.tick(monotonic_now());
     }
     if let Some(export) = exporter.shutdown(EXPORT_GRACE).await {
         eprintln!("{export}");

@@ -38,6 +38,7 @@ mod series;
 mod settings;
 mod spans;
 mod stalls;
+mod trigger_span;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -52,6 +53,7 @@ pub use clock::WallClock;
 pub use context::{IdGenerator, RemoteParent};
 pub use metrics::AgentCounters;
 pub use otlp::Protocol;
+pub use route::normalise as normalise_route;
 pub use settings::{resolve, ExportArgs, ExportConfig, ExportSettings};
 pub use spans::{timeline_spans, SpanSettings};
 
@@ -62,8 +64,10 @@ use queue::{QueueReceiver, QueueSender};
 use resource::{ResourceCache, ResourceRules};
 use retry::{with_retry, RetryPolicy};
 
+use crate::event::MonoNs;
 use crate::model::OpenRequest;
 use crate::stitch::RequestTimeline;
+use crate::trigger::Firing;
 
 /// The wall-clock offset is measured again when a timeline ends this long
 /// after the last measurement, to follow steps of the system clock.
@@ -302,6 +306,42 @@ impl Exporter {
                 stats
                     .spans_dropped_queue_full
                     .fetch_add(count, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The service a process's telemetry goes under (`service.name` of
+    /// its resource; the comm when export is off).
+    pub fn service_of(&mut self, pid: u32, comm: &str) -> String {
+        match &mut self.active {
+            Some(active) => active.resources.get(pid, comm).service.clone(),
+            None => comm.to_string(),
+        }
+    }
+
+    /// Exports a trigger's firing as a span, under the resource of the
+    /// process whose request made it fire. Never blocks on export.
+    pub fn record_trigger(&mut self, f: &Firing, pid: u32, comm: &str, at: MonoNs) {
+        let Some(active) = &mut self.active else {
+            return;
+        };
+        let resource = Arc::clone(&active.resources.get(pid, comm).resource);
+        let Some(pipe) = &mut active.spans else {
+            return;
+        };
+        let span = trigger_span::trigger_span(f, at, &pipe.clock, &mut pipe.ids);
+        let spans = vec![span];
+        let bytes = heap::spans_bytes(&spans);
+        let stats = &active.shared.stats;
+        match pipe.tx.try_push(TraceItem { resource, spans }) {
+            Ok(()) => {
+                stats.enqueued.fetch_add(1, Ordering::Relaxed);
+                stats.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Err(_) => {
+                stats
+                    .spans_dropped_queue_full
+                    .fetch_add(1, Ordering::Relaxed);
             }
         }
     }

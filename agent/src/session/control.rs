@@ -171,6 +171,18 @@ pub async fn start(args: &ControlArgs, hub: SessionHub) -> Result<Option<Control
 
 /// The hub and endpoint of `tokentrace run`: both `None` with
 /// `--no-control` or when the default address is taken.
+/// How the daemon's sessions run (remote ones and triggered ones alike).
+pub fn hub_settings(args: &ControlArgs, config: &Config) -> HubSettings {
+    HubSettings {
+        stitch: config.stitch.stitcher_config(),
+        idle_timeout: config.stitch.idle_timeout,
+        explain: config.explain.clone(),
+        sessions_dir: args.session_dir(),
+        allow_raw: args.control_allow_raw,
+        max_duration: Some(MAX_DURATION),
+    }
+}
+
 pub async fn for_run(
     args: &ControlArgs,
     config: &Config,
@@ -178,14 +190,7 @@ pub async fn for_run(
     if args.no_control {
         return Ok((None, None));
     }
-    let hub = SessionHub::new(HubSettings {
-        stitch: config.stitch.stitcher_config(),
-        idle_timeout: config.stitch.idle_timeout,
-        explain: config.explain.clone(),
-        sessions_dir: args.session_dir(),
-        allow_raw: args.control_allow_raw,
-        max_duration: Some(MAX_DURATION),
-    });
+    let hub = SessionHub::new(hub_settings(args, config));
     Ok(match start(args, hub.clone()).await? {
         Some(server) => (Some(hub), Some(server)),
         None => (None, None),

@@ -153,6 +153,21 @@ pub struct SessionStatus {
     /// sampling could not start).
     pub warnings: Vec<String>,
     pub error: Option<String>,
+    /// Started by a daemon trigger: why it fired.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trigger: Option<String>,
+}
+
+/// What a trigger hands a session it starts: why, and the events of the
+/// seconds before (admitted first, so the report covers them).
+#[derive(Debug, Default)]
+pub struct Triggered {
+    pub reason: String,
+    pub history: Vec<Vec<Event>>,
+    /// The oldest history event's time: the session's report starts there.
+    pub from: Option<MonoNs>,
+    /// History events the ring's byte bound had already let go.
+    pub evicted_early: u64,
 }
 
 /// Why a session was not started. Each maps to an HTTP status.
@@ -225,6 +240,9 @@ struct Entry {
     dir: PathBuf,
     /// Created by the hub under `sessions_dir` (deleted when pruned).
     owned_dir: bool,
+    /// Started by a trigger: kept by the triggers' size bound, not by
+    /// [`KEEP_FINISHED`].
+    triggered: bool,
 }
 
 impl Entry {
@@ -308,6 +326,26 @@ impl SessionHub {
         request: SessionRequest,
         dir: Option<PathBuf>,
     ) -> Result<SessionStatus, StartError> {
+        self.start_with(request, dir, None)
+    }
+
+    /// Starts a session for a trigger, writing into `dir`, beginning with
+    /// the trigger's history.
+    pub fn start_triggered(
+        &self,
+        request: SessionRequest,
+        dir: PathBuf,
+        triggered: Triggered,
+    ) -> Result<SessionStatus, StartError> {
+        self.start_with(request, Some(dir), Some(triggered))
+    }
+
+    fn start_with(
+        &self,
+        request: SessionRequest,
+        dir: Option<PathBuf>,
+        triggered: Option<Triggered>,
+    ) -> Result<SessionStatus, StartError> {
         if self.inner.closed.load(Ordering::Relaxed) {
             return Err(StartError::ShuttingDown);
         }
@@ -342,6 +380,7 @@ impl SessionHub {
         }
         let selector = request.selector.selector()?;
         let heavy = request.profile_hz > 0;
+        let is_triggered = triggered.is_some();
 
         let mut sessions = self.sessions();
         let running: Vec<&Entry> = sessions.iter().filter(|e| e.running()).collect();
@@ -381,6 +420,7 @@ impl SessionHub {
             artifacts: Vec::new(),
             warnings: Vec::new(),
             error: None,
+            trigger: triggered.as_ref().map(|t| t.reason.clone()),
         };
         let shared = Arc::new(Shared {
             status: Mutex::new(status.clone()),
@@ -397,6 +437,7 @@ impl SessionHub {
             dir: dir.clone(),
             shared: Arc::clone(&shared),
             input: rx,
+            history: triggered.map(|t| (t.history, t.from, t.evicted_early)),
         };
         let thread = std::thread::Builder::new()
             .name(format!("tt-session-{id}"))
@@ -410,6 +451,7 @@ impl SessionHub {
             heavy,
             dir,
             owned_dir,
+            triggered: is_triggered,
         });
         self.inner.active.fetch_add(1, Ordering::Relaxed);
         Ok(status)
@@ -438,6 +480,21 @@ impl SessionHub {
         };
         entry.shared.stop.store(true, Ordering::Relaxed);
         true
+    }
+
+    /// Directories of the sessions still running or rendering.
+    pub fn running_dirs(&self) -> Vec<PathBuf> {
+        self.sessions()
+            .iter()
+            .filter(|e| e.running())
+            .map(|e| e.dir.clone())
+            .collect()
+    }
+
+    /// Forgets the finished session written into `dir` (its files were
+    /// deleted).
+    pub fn forget_dir(&self, dir: &Path) {
+        self.sessions().retain(|e| e.running() || e.dir != dir);
     }
 
     /// The directory of a finished session, for artifact downloads.
@@ -491,10 +548,13 @@ impl SessionHub {
 /// Forgets finished sessions beyond [`KEEP_FINISHED`], oldest first,
 /// deleting the directories the hub created for them.
 fn prune(sessions: &mut Vec<Entry>) {
-    let finished = sessions.iter().filter(|e| !e.running()).count();
+    let finished = sessions
+        .iter()
+        .filter(|e| !e.running() && !e.triggered)
+        .count();
     let mut excess = finished.saturating_sub(KEEP_FINISHED.saturating_sub(1));
     sessions.retain(|e| {
-        if excess == 0 || e.running() {
+        if excess == 0 || e.running() || e.triggered {
             return true;
         }
         excess -= 1;
@@ -633,6 +693,9 @@ struct Job {
     dir: PathBuf,
     shared: Arc<Shared>,
     input: mpsc::Receiver<Vec<Event>>,
+    /// A trigger's history: batches, the oldest event's time, and how many
+    /// events its byte bound had let go.
+    history: Option<(Vec<Vec<Event>>, Option<MonoNs>, u64)>,
 }
 
 /// A running session's event path.
@@ -708,15 +771,21 @@ impl Job {
         self.shared.status().warnings.push(message);
     }
 
-    fn record(self) -> anyhow::Result<Vec<Artifact>> {
+    fn record(mut self) -> anyhow::Result<Vec<Artifact>> {
         let started = monotonic_now();
+        let history = self.history.take();
+        // A triggered session's report starts with its history.
+        let report_from = history
+            .as_ref()
+            .and_then(|(_, from, _)| *from)
+            .map_or(started, |from| from.min(started));
         let request = &self.request;
         let (scope, initial) = Scope::new(self.selector.clone())?;
         let mut meta = RecordingMeta {
             agent_version: env!("CARGO_PKG_VERSION").to_string(),
             hostname: super::hostname(),
             selector: request.selector.describe(),
-            started_ns: started,
+            started_ns: report_from,
             ended_ns: started,
             wall_offset_ns: wall_offset_ns(started),
             profile_hz: request.profile_hz,
@@ -754,6 +823,17 @@ impl Job {
             raw_error: None,
             profiler,
         };
+        if let Some((batches, _, evicted)) = history {
+            for batch in &batches {
+                live.admit(batch);
+            }
+            if evicted > 0 {
+                self.warn(format!(
+                    "the history before the trigger is shorter than triggers.before: the ring's \
+                     bound (triggers.history_max_mib) had let {evicted} events go"
+                ));
+            }
+        }
         let mut ttfts: Vec<u64> = Vec::new();
         let deadline = request
             .duration

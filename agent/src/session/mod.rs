@@ -38,6 +38,7 @@ use serde::{Deserialize, Serialize};
 pub use control::ControlArgs;
 pub use hub::{
     HubSettings, SelectorSpec, SessionHub, SessionRequest, SessionState, SessionStatus, StartError,
+    Triggered,
 };
 pub use progress::Progress;
 pub use record::{RecordArgs, ReplayArgs};

@@ -1,0 +1,372 @@
+//! SLO triggers in the daemon: when a rolling-window condition over the
+//! reported timelines holds (TTFT p95 over 30 s above X ms, an abort rate,
+//! a stall cause's share…), the agent records a session by itself, with
+//! the seconds before the firing taken from an in-memory ring of recent
+//! events, so the short incident nobody was watching leaves a report.
+//!
+//! The stage sits after explanation (it reads stalls) and beside export:
+//! the run loop hands it every event batch (for the ring) and every
+//! reported timeline (for the windows). Sessions run on the session hub's
+//! threads like `record --remote` ones; the control endpoint lists them.
+
+pub mod config;
+mod disk;
+mod history;
+mod window;
+
+use std::collections::HashMap;
+
+use crate::event::{Event, MonoNs};
+use crate::model::RequestTimeline;
+use crate::session::{SelectorSpec, SessionHub, SessionRequest, StartError, Triggered};
+
+pub use config::{Metric, Rule, TriggersConfig};
+pub use history::event_bytes;
+use history::History;
+use window::{Verdict, Window};
+
+/// Label sets judged per rule; later ones share one "other" window (a path
+/// full of ids must not grow the agent without bound).
+const MAX_KEYS: usize = 256;
+const OTHER: &str = "other";
+
+/// The labels a window is kept for.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Key {
+    pub service: String,
+    pub route: String,
+    pub model: String,
+}
+
+/// Why a rule fired, for the log line, the session and the exported event.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Firing {
+    pub rule: String,
+    pub metric: Metric,
+    pub value: f64,
+    pub above: f64,
+    pub window_s: f64,
+    pub requests: usize,
+    pub key: Key,
+    /// The session recording it; None when it could not start (`error`).
+    pub session: Option<String>,
+    pub error: Option<String>,
+    /// Seconds of history the session starts with.
+    pub history_s: f64,
+}
+
+impl Firing {
+    /// One line: what crossed which bound where.
+    pub fn describe(&self) -> String {
+        let what = if self.metric.is_latency() {
+            format!(
+                "{} {:.1} ms > {} ms",
+                self.metric.as_str(),
+                self.value,
+                self.above
+            )
+        } else {
+            format!(
+                "{} {:.3} > {}",
+                self.metric.as_str(),
+                self.value,
+                self.above
+            )
+        };
+        format!(
+            "trigger {:?}: {what} over {:.0} s ({} requests) on service={} route={} model={}",
+            self.rule,
+            self.window_s,
+            self.requests,
+            self.key.service,
+            self.key.route,
+            self.key.model
+        )
+    }
+}
+
+struct RuleState {
+    rule: Rule,
+    window_ns: u64,
+    windows: HashMap<Key, Window>,
+    last_fired: Option<MonoNs>,
+}
+
+impl RuleState {
+    fn matches(&self, key: &Key) -> bool {
+        let want =
+            |filter: &Option<String>, value: &str| filter.as_deref().is_none_or(|f| f == value);
+        want(&self.rule.service, &key.service)
+            && want(&self.rule.route, &key.route)
+            && want(&self.rule.model, &key.model)
+    }
+
+    fn window_for(&mut self, key: Key) -> &mut Window {
+        let key = if self.windows.len() >= MAX_KEYS && !self.windows.contains_key(&key) {
+            Key {
+                service: OTHER.into(),
+                route: OTHER.into(),
+                model: OTHER.into(),
+            }
+        } else {
+            key
+        };
+        self.windows.entry(key).or_default()
+    }
+}
+
+/// The daemon's triggers.
+pub struct Triggers {
+    config: TriggersConfig,
+    rules: Vec<RuleState>,
+    history: History,
+    hub: SessionHub,
+    fired: u64,
+}
+
+fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Triggers {
+    /// None without rules: nothing is kept or evaluated.
+    pub fn new(config: TriggersConfig, hub: SessionHub) -> Option<Self> {
+        if config.rules.is_empty() {
+            return None;
+        }
+        let rules = config
+            .rules
+            .iter()
+            .map(|rule| RuleState {
+                rule: rule.clone(),
+                window_ns: nanos(rule.window),
+                windows: HashMap::new(),
+                last_fired: None,
+            })
+            .collect();
+        let max_bytes =
+            usize::try_from(config.history_max_mib.saturating_mul(1 << 20)).unwrap_or(usize::MAX);
+        Some(Self {
+            history: History::new(nanos(config.before), max_bytes),
+            rules,
+            hub,
+            config,
+            fired: 0,
+        })
+    }
+
+    /// Every event batch of the run loop, before it is stitched.
+    pub fn on_events(&mut self, batch: &[Event], now: MonoNs) {
+        self.history.push(batch, now);
+    }
+
+    /// Heap the pre-trigger ring holds now.
+    pub fn history_bytes(&self) -> usize {
+        self.history.bytes()
+    }
+
+    /// Rules fired since start (sessions started or not).
+    pub fn fired(&self) -> u64 {
+        self.fired
+    }
+
+    /// A reported timeline of `service`; returns the firings it caused.
+    pub fn observe(&mut self, service: &str, route: &str, t: &RequestTimeline) -> Vec<Firing> {
+        let key = Key {
+            service: service.to_string(),
+            route: route.to_string(),
+            model: t.model.clone().unwrap_or_default(),
+        };
+        let now = t.end;
+        let mut verdicts: Vec<(usize, Verdict)> = Vec::new();
+        for (i, state) in self.rules.iter_mut().enumerate() {
+            if !state.matches(&key) {
+                continue;
+            }
+            let rule = state.rule.clone();
+            let window_ns = state.window_ns;
+            let window = state.window_for(key.clone());
+            window.add(&rule, t);
+            window.expire(now, window_ns);
+            let Some(verdict) = window.judge(&rule) else {
+                continue;
+            };
+            let cooled = state
+                .last_fired
+                .is_none_or(|at| now.saturating_sub(at) >= nanos(self.config.cooldown));
+            if verdict.value > rule.above && cooled {
+                state.last_fired = Some(now);
+                verdicts.push((i, verdict));
+            }
+        }
+        verdicts
+            .into_iter()
+            .map(|(i, verdict)| self.fire(i, verdict, key.clone(), now))
+            .collect()
+    }
+
+    fn fire(&mut self, rule: usize, verdict: Verdict, key: Key, now: MonoNs) -> Firing {
+        self.fired += 1;
+        let rule = &self.rules[rule].rule;
+        let mut firing = Firing {
+            rule: rule.name.clone(),
+            metric: rule.metric,
+            value: verdict.value,
+            above: rule.above,
+            window_s: rule.window.as_secs_f64(),
+            requests: verdict.requests,
+            key,
+            session: None,
+            error: None,
+            history_s: 0.0,
+        };
+        let snapshot = self.history.snapshot();
+        firing.history_s = snapshot
+            .from
+            .map_or(0.0, |from| now.saturating_sub(from) as f64 / 1e9);
+        let dir = disk::session_dir(&self.config.dir, &rule.name);
+        let mut request = SessionRequest {
+            selector: SelectorSpec::default(),
+            duration: Some(self.config.after),
+            profile_hz: self.config.profile_hz,
+            raw: false,
+        };
+        let triggered = |reason: String| Triggered {
+            reason,
+            history: snapshot.batches.clone(),
+            from: snapshot.from,
+            evicted_early: snapshot.evicted_early,
+        };
+        let reason = firing.describe();
+        let mut started =
+            self.hub
+                .start_triggered(request.clone(), dir.clone(), triggered(reason.clone()));
+        if matches!(started, Err(StartError::ProfilerBusy(_))) {
+            request.profile_hz = 0;
+            started = self.hub.start_triggered(request, dir, triggered(reason));
+        }
+        match started {
+            Ok(status) => firing.session = Some(status.id),
+            Err(err) => firing.error = Some(err.to_string()),
+        }
+        firing
+    }
+
+    /// Periodic upkeep: windows of label sets gone quiet are dropped, and
+    /// the session directory is held to its size bound.
+    pub fn tick(&mut self, now: MonoNs) {
+        for state in &mut self.rules {
+            let window_ns = state.window_ns;
+            state.windows.retain(|_, w| {
+                w.expire(now, window_ns);
+                !w.is_empty()
+            });
+        }
+        let max = self.config.max_total_mib.saturating_mul(1 << 20);
+        disk::prune(&self.config.dir, max, &self.hub);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::config::ExplainConfig;
+    use crate::model::BodyKind;
+    use crate::session::HubSettings;
+    use crate::stitch::StitchConfig;
+
+    const MS: u64 = 1_000_000;
+
+    fn stream(end: MonoNs, ttft_ms: u64) -> RequestTimeline {
+        let start = end - ttft_ms * MS;
+        RequestTimeline {
+            request_start: start,
+            read_start: start,
+            request_end: start,
+            status: Some(200),
+            body_kind: Some(BodyKind::Sse),
+            first_body_byte: Some(end),
+            chunk_ts: vec![end],
+            end,
+            ..RequestTimeline::default()
+        }
+    }
+
+    #[test]
+    fn fires_once_per_cooldown_and_records_a_session_with_its_history() {
+        let dir = std::env::temp_dir().join(format!("tt-trigger-unit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let hub = SessionHub::new(HubSettings {
+            stitch: StitchConfig::default(),
+            idle_timeout: Duration::from_secs(300),
+            explain: ExplainConfig::default(),
+            sessions_dir: dir.join("remote"),
+            allow_raw: false,
+            max_duration: None,
+        });
+        let config = TriggersConfig {
+            rules: vec![Rule {
+                name: "slow ttft".into(),
+                metric: Metric::Ttft,
+                percentile: 95.0,
+                above: 100.0,
+                window: Duration::from_secs(5),
+                min_requests: 3,
+                cause: None,
+                service: None,
+                route: Some("/v1/chat/completions".into()),
+                model: None,
+            }],
+            dir: dir.join("triggered"),
+            after: Duration::from_millis(100),
+            cooldown: Duration::from_secs(60),
+            profile_hz: 0,
+            ..TriggersConfig::default()
+        };
+        let mut triggers = Triggers::new(config, hub.clone()).expect("a rule");
+        let route = "/v1/chat/completions";
+        let mut fired = Vec::new();
+        let mut at = 10_000 * MS;
+        for ttft in [20, 20, 20, 20, 300, 300, 300, 300, 300, 300, 300, 300] {
+            at += 500 * MS;
+            fired.extend(triggers.observe("svc", route, &stream(at, ttft)));
+            // Another route never counts towards this rule.
+            assert!(triggers
+                .observe("svc", "/health", &stream(at, 900))
+                .is_empty());
+        }
+        assert_eq!(fired.len(), 1, "{fired:?}");
+        let f = &fired[0];
+        assert_eq!((f.value, f.key.route.as_str()), (300.0, route));
+        assert!(
+            f.describe().contains("ttft 300.0 ms > 100 ms"),
+            "{}",
+            f.describe()
+        );
+        let id = f
+            .session
+            .clone()
+            .unwrap_or_else(|| panic!("no session: {:?}", f.error));
+        let status = hub.wait(&id).expect("the session");
+        assert!(status
+            .trigger
+            .as_deref()
+            .is_some_and(|r| r.contains("slow ttft")));
+        assert!(!status.artifacts.is_empty(), "{status:?}");
+        // Past the cooldown it fires again.
+        at += 61_000 * MS;
+        let again: Vec<Firing> = (0..3)
+            .flat_map(|i| triggers.observe("svc", route, &stream(at + i * MS, 300)))
+            .collect();
+        assert_eq!(again.len(), 1);
+        hub.shutdown();
+        // Bound 0: every finished session goes.
+        triggers.config.max_total_mib = 0;
+        triggers.tick(at);
+        let left = std::fs::read_dir(dir.join("triggered")).map_or(0, |d| d.count());
+        assert_eq!(left, 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
