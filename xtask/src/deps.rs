@@ -55,8 +55,10 @@ const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
 /// of a plaintext streaming server (tests/ebpf_tls.rs) and speaks HTTP/2 and
 /// grpc_pass (tests/ebpf_http2.rs); nodejs runs the HTTP/2 SSE server and
 /// client there (its built-in `http2` module); stress-ng keeps a core busy
-/// for `cargo xtask test --stress`.
-const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx", "stress-ng", "nodejs"];
+/// for `cargo xtask test --stress`; prometheus scrapes the agent and
+/// evaluates the Grafana dashboard's queries (tests/prometheus_dashboard.rs;
+/// about 11 s to install here).
+const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx", "stress-ng", "nodejs", "prometheus"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {
