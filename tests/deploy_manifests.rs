@@ -554,6 +554,19 @@ fn helm_chart_with_every_value_changed() {
         config.export.stall_threshold,
         std::time::Duration::from_millis(100)
     );
+    // triggers, with the pod's session directory
+    let triggers = &config.triggers;
+    assert_eq!(triggers.rules.len(), 1);
+    assert_eq!(
+        (triggers.rules[0].name.as_str(), triggers.rules[0].above),
+        ("slow-ttft", 800.0)
+    );
+    assert_eq!(triggers.max_total_mib, 512);
+    assert_eq!(triggers.after, std::time::Duration::from_secs(45));
+    assert_eq!(
+        triggers.dir,
+        std::path::Path::new("/var/lib/tokentrace/triggered")
+    );
     // and the process selectors its command line
     assert_eq!(run.port, [8000, 30000]);
     assert_eq!(run.exe.as_deref(), Some("vllm|sglang"));

@@ -229,8 +229,13 @@ impl Pipeline<'_> {
         let service = self.exporter.service_of(timeline.conn.pid, &timeline.comm);
         let route = crate::export::normalise_route(&timeline.path);
         for firing in triggers.observe(&service, &route, timeline) {
+            let ring_mib = triggers.history_bytes() as f64 / f64::from(1u32 << 20);
             match (&firing.session, &firing.error) {
-                (Some(id), _) => tracing::warn!("{}: recording session {id}", firing.describe()),
+                (Some(id), _) => tracing::warn!(
+                    "{}: recording session {id} (history {:.1} s, {ring_mib:.1} MiB in the ring)",
+                    firing.describe(),
+                    firing.history_s
+                ),
                 (None, err) => tracing::warn!(
                     "{}: no session recorded: {}",
                     firing.describe(),
