@@ -26,6 +26,7 @@ use serde_json::Value;
 
 pub mod h2;
 pub mod nginx;
+pub mod otel;
 pub mod tls;
 pub mod wire;
 

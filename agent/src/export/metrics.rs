@@ -265,6 +265,8 @@ pub struct ExportCounters {
     pub spans_dropped_export_failed: u64,
     /// Requests whose caller's trace is not sampled.
     pub spans_not_sampled: u64,
+    /// Requests whose spans tail sampling dropped (`export.sampling`).
+    pub spans_sampled_out: u64,
     pub queue_length: u64,
     pub queue_capacity: u64,
     /// Heap bytes the queue and the batch in flight hold.
@@ -606,6 +608,14 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
             Counter,
             &[],
             export.spans_not_sampled,
+        ),
+        m(
+            "tokentrace.spans.sampled_out",
+            "tokentrace_spans_sampled_out",
+            "Requests whose spans tail sampling (export.sampling) dropped; metrics still count them",
+            Counter,
+            &[],
+            export.spans_sampled_out,
         ),
         m(
             "tokentrace.metric_exports.failed",

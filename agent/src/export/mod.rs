@@ -34,6 +34,7 @@ mod queue;
 mod resource;
 mod retry;
 mod route;
+mod sampling;
 mod series;
 mod settings;
 mod spans;
@@ -54,6 +55,7 @@ pub use context::{IdGenerator, RemoteParent};
 pub use metrics::AgentCounters;
 pub use otlp::Protocol;
 pub use route::normalise as normalise_route;
+pub use sampling::{Sampling, SamplingConfig};
 pub use settings::{resolve, ExportArgs, ExportConfig, ExportSettings};
 pub use spans::{timeline_spans, SpanSettings};
 
@@ -61,8 +63,10 @@ use encode::TraceItem;
 use metrics::{ExportCounters, Metrics};
 use otlp::OtlpClient;
 use queue::{QueueReceiver, QueueSender};
+use resource::kv_str;
 use resource::{ResourceCache, ResourceRules};
 use retry::{with_retry, RetryPolicy};
+use spans::{trace_spans, Trace};
 
 use crate::event::MonoNs;
 use crate::model::OpenRequest;
@@ -82,6 +86,7 @@ struct Stats {
     spans_dropped_queue_full: AtomicU64,
     spans_dropped_export_failed: AtomicU64,
     spans_not_sampled: AtomicU64,
+    spans_sampled_out: AtomicU64,
     metric_exports_failed: AtomicU64,
     /// Heap bytes of the spans in the queue.
     queued_bytes: AtomicU64,
@@ -113,6 +118,7 @@ impl Shared {
             spans_dropped_queue_full: get(&s.spans_dropped_queue_full),
             spans_dropped_export_failed: get(&s.spans_dropped_export_failed),
             spans_not_sampled: get(&s.spans_not_sampled),
+            spans_sampled_out: get(&s.spans_sampled_out),
             queue_length: get(&s.enqueued).saturating_sub(get(&s.dequeued)),
             queue_capacity: self.queue_capacity,
             queue_bytes: get(&s.queued_bytes).saturating_add(get(&s.in_flight_bytes)),
@@ -128,6 +134,7 @@ struct SpanPipe {
     clock: WallClock,
     ids: IdGenerator,
     settings: SpanSettings,
+    sampling: Sampling,
 }
 
 /// What the run loop holds: [`Exporter::record`] per timeline,
@@ -159,12 +166,13 @@ impl fmt::Display for ExportSummary {
         let c = &self.counters;
         write!(
             f,
-            "tokentrace export ({}): {} spans exported, {} dropped (queue full), {} dropped (export failed), {} not sampled, {} left in queue",
+            "tokentrace export ({}): {} spans exported, {} dropped (queue full), {} dropped (export failed), {} not sampled, {} sampled out, {} left in queue",
             self.targets.join(", "),
             c.spans_exported,
             c.spans_dropped_queue_full,
             c.spans_dropped_export_failed,
             c.spans_not_sampled,
+            c.spans_sampled_out,
             c.queue_length
         )
     }
@@ -229,6 +237,7 @@ impl Exporter {
                     clock: WallClock::measure(),
                     ids: IdGenerator::random(),
                     settings: settings.spans.clone(),
+                    sampling: settings.sampling.clone(),
                 };
                 (Some(pipe), Some(task))
             }
@@ -287,10 +296,21 @@ impl Exporter {
             pipe.clock = WallClock::measure();
         }
         let stats = &active.shared.stats;
-        let spans = timeline_spans(t, &pipe.clock, &mut pipe.ids, &pipe.settings);
-        if spans.is_empty() {
+        let Some(trace) = Trace::of(t, &mut pipe.ids) else {
             stats.spans_not_sampled.fetch_add(1, Ordering::Relaxed);
             return;
+        };
+        let Some(reason) = pipe
+            .sampling
+            .decide(t, trace.parent_sampled(), &trace.trace_id)
+        else {
+            stats.spans_sampled_out.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        let mut spans = trace_spans(t, &trace, &pipe.clock, &mut pipe.ids, &pipe.settings);
+        for span in &mut spans {
+            span.attributes
+                .push(kv_str(sampling::REASON_ATTRIBUTE, reason.as_str()));
         }
         let count = spans.len() as u64;
         let bytes = heap::spans_bytes(&spans);

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use super::otlp::{insert_header, parse_headers, Protocol, Target};
 use super::resource::{host_name, parse_resource_attributes, ResourceRules};
 use super::retry::RetryPolicy;
+use super::sampling::{Sampling, SamplingConfig};
 use super::spans::SpanSettings;
 
 /// `export:` in the YAML config. Keys left `null` fall back to the
@@ -48,6 +49,8 @@ pub struct ExportConfig {
     pub chunk_events: bool,
     /// Most events on one span.
     pub max_span_events: usize,
+    /// Tail-based span sampling.
+    pub sampling: SamplingConfig,
     /// `service.name` of every traced process (`--service-name`).
     pub service_name: Option<String>,
     /// comm or executable name → `service.name`.
@@ -98,6 +101,7 @@ impl Default for ExportConfig {
             stall_threshold: Duration::from_millis(250),
             chunk_events: false,
             max_span_events: 256,
+            sampling: SamplingConfig::default(),
             service_name: None,
             service_names: BTreeMap::new(),
             resource_attributes: BTreeMap::new(),
@@ -164,6 +168,7 @@ pub struct ExportSettings {
     pub batch_timeout: Duration,
     pub retry: RetryPolicy,
     pub spans: SpanSettings,
+    pub sampling: Sampling,
     pub resource: ResourceRules,
 }
 
@@ -411,6 +416,7 @@ pub fn resolve(
             chunk_events: config.chunk_events,
             max_events: config.max_span_events,
         },
+        sampling: Sampling::new(&config.sampling)?,
         resource: ResourceRules {
             service_name,
             service_names: config.service_names.clone(),
@@ -553,6 +559,32 @@ mod tests {
         );
         assert_eq!(s.resource.service_name.as_deref(), Some("from-cli"));
         assert_eq!(s.prometheus_addr, args.metrics_addr);
+    }
+
+    #[test]
+    fn sampling_comes_from_the_config_and_a_bad_rate_is_refused() {
+        let yaml = "sampling: {base_rate: 0.25, slow_ttft: 500ms, keep_stalled: false}";
+        let config: ExportConfig = serde_yaml::from_str(yaml).expect("valid yaml");
+        let s = resolve_with(&config, &ExportArgs::default(), &[]).expect("valid");
+        assert_eq!(
+            s.sampling,
+            Sampling::new(&SamplingConfig {
+                base_rate: 0.25,
+                slow_ttft: Some(Duration::from_millis(500)),
+                keep_stalled: false,
+                ..SamplingConfig::default()
+            })
+            .expect("valid")
+        );
+        assert_eq!(
+            resolve_with(&ExportConfig::default(), &ExportArgs::default(), &[])
+                .expect("valid")
+                .sampling,
+            Sampling::keep_all()
+        );
+        let bad: ExportConfig = serde_yaml::from_str("sampling: {base_rate: 2}").expect("yaml");
+        let err = resolve_with(&bad, &ExportArgs::default(), &[]).expect_err("invalid");
+        assert!(err.contains("export.sampling.base_rate"), "{err}");
     }
 
     #[test]

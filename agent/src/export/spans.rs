@@ -19,7 +19,8 @@
 //!
 //! Sampling follows the caller (parent-based, like an SDK's default
 //! sampler): a `traceparent` with the sampled flag clear yields no spans,
-//! since the rest of that trace is not recorded either.
+//! since the rest of that trace is not recorded either. Tail sampling of
+//! the others (`export.sampling`) is [`super::sampling`]'s.
 
 use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
@@ -149,6 +150,40 @@ impl Ctx<'_> {
     }
 }
 
+/// The trace a request's spans go in: its caller's, or a new one.
+#[derive(Debug, Clone)]
+pub struct Trace {
+    pub trace_id: [u8; 16],
+    pub parent: Option<RemoteParent>,
+}
+
+impl Trace {
+    /// The caller's trace from the request's `traceparent`, else a new
+    /// trace id. `None` when the caller's trace is not sampled.
+    pub fn of(t: &RequestTimeline, ids: &mut IdGenerator) -> Option<Self> {
+        let parent = t
+            .traceparent
+            .as_deref()
+            .and_then(|tp| RemoteParent::parse(tp, t.tracestate.as_deref()));
+        match parent {
+            Some(p) if !p.sampled() => None,
+            Some(p) => Some(Self {
+                trace_id: p.trace_id,
+                parent: Some(p),
+            }),
+            None => Some(Self {
+                trace_id: ids.trace_id(),
+                parent: None,
+            }),
+        }
+    }
+
+    /// The caller's `traceparent` asked for the trace to be recorded.
+    pub fn parent_sampled(&self) -> bool {
+        self.parent.as_ref().is_some_and(RemoteParent::sampled)
+    }
+}
+
 /// The spans of one finished request: the server span first, then its
 /// phases. Empty when the caller's trace is not sampled.
 pub fn timeline_spans(
@@ -157,14 +192,22 @@ pub fn timeline_spans(
     ids: &mut IdGenerator,
     settings: &SpanSettings,
 ) -> Vec<Span> {
-    let parent = t
-        .traceparent
-        .as_deref()
-        .and_then(|tp| RemoteParent::parse(tp, t.tracestate.as_deref()));
-    if parent.as_ref().is_some_and(|p| !p.sampled()) {
-        return Vec::new();
+    match Trace::of(t, ids) {
+        Some(trace) => trace_spans(t, &trace, clock, ids, settings),
+        None => Vec::new(),
     }
-    let (trace_id, parent_id, trace_state, trace_flags) = match &parent {
+}
+
+/// The spans of one finished request in `trace`.
+pub fn trace_spans(
+    t: &RequestTimeline,
+    trace: &Trace,
+    clock: &WallClock,
+    ids: &mut IdGenerator,
+    settings: &SpanSettings,
+) -> Vec<Span> {
+    let parent = &trace.parent;
+    let (trace_id, parent_id, trace_state, trace_flags) = match parent {
         Some(p) => (
             p.trace_id.to_vec(),
             p.span_id.to_vec(),
@@ -172,7 +215,7 @@ pub fn timeline_spans(
             u32::from(p.flags),
         ),
         None => (
-            ids.trace_id().to_vec(),
+            trace.trace_id.to_vec(),
             Vec::new(),
             String::new(),
             u32::from(SAMPLED),
