@@ -104,6 +104,14 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// SIGINT, and the agent must exit cleanly (its sessions written).
+fn stop_cleanly(agent: &mut Agent) {
+    let stop = agent.stop();
+    let mut exit = Report::new();
+    check_agent_exit(agent, stop, &mut exit);
+    assert!(exit.failures.is_empty(), "{:?}", exit.failures);
+}
+
 fn firings(agent: &Agent) -> Vec<String> {
     agent
         .proc
@@ -147,10 +155,7 @@ fn root_ttft_jump_records_exactly_one_session_with_the_seconds_before() {
         }
         std::thread::sleep(Duration::from_millis(200));
     };
-    let stop = agent.stop();
-    let mut exit = Report::new();
-    check_agent_exit(&agent, stop, &mut exit);
-    assert!(exit.failures.is_empty(), "{:?}", exit.failures);
+    stop_cleanly(&mut agent);
     let fired = firings(&agent);
     eprintln!("[test] {} requests sent; firings: {fired:#?}", sent.len());
     let dirs = session_dirs(&triggered);
@@ -234,10 +239,7 @@ fn root_many_firings_stay_within_the_disk_bound() {
         max_seen = max_seen.max(dir_bytes(&triggered));
         std::thread::sleep(Duration::from_millis(200));
     }
-    let stop = agent.stop();
-    let mut exit = Report::new();
-    check_agent_exit(&agent, stop, &mut exit);
-    assert!(exit.failures.is_empty(), "{:?}", exit.failures);
+    stop_cleanly(&mut agent);
     let fired = firings(&agent);
     let dirs = session_dirs(&triggered);
     let total = dir_bytes(&triggered);

@@ -94,6 +94,25 @@ struct Stats {
     in_flight_bytes: AtomicU64,
 }
 
+impl Stats {
+    /// Queues spans for export without waiting; a full queue drops them,
+    /// counted.
+    fn enqueue(&self, tx: &QueueSender<TraceItem>, item: TraceItem) {
+        let count = item.spans.len() as u64;
+        let bytes = heap::spans_bytes(&item.spans);
+        match tx.try_push(item) {
+            Ok(()) => {
+                self.enqueued.fetch_add(1, Ordering::Relaxed);
+                self.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
+            }
+            Err(_) => {
+                self.spans_dropped_queue_full
+                    .fetch_add(count, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 /// State the run loop, the export tasks and the Prometheus endpoint share.
 #[derive(Debug)]
 pub struct Shared {
@@ -312,22 +331,8 @@ impl Exporter {
             span.attributes
                 .push(kv_str(sampling::REASON_ATTRIBUTE, reason.as_str()));
         }
-        let count = spans.len() as u64;
-        let bytes = heap::spans_bytes(&spans);
-        match pipe.tx.try_push(TraceItem {
-            resource: Arc::clone(&process.resource),
-            spans,
-        }) {
-            Ok(()) => {
-                stats.enqueued.fetch_add(1, Ordering::Relaxed);
-                stats.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
-            }
-            Err(_) => {
-                stats
-                    .spans_dropped_queue_full
-                    .fetch_add(count, Ordering::Relaxed);
-            }
-        }
+        let resource = Arc::clone(&process.resource);
+        stats.enqueue(&pipe.tx, TraceItem { resource, spans });
     }
 
     /// The service a process's telemetry goes under (`service.name` of
@@ -349,21 +354,16 @@ impl Exporter {
         let Some(pipe) = &mut active.spans else {
             return;
         };
-        let span = trigger_span::trigger_span(f, at, &pipe.clock, &mut pipe.ids);
-        let spans = vec![span];
-        let bytes = heap::spans_bytes(&spans);
-        let stats = &active.shared.stats;
-        match pipe.tx.try_push(TraceItem { resource, spans }) {
-            Ok(()) => {
-                stats.enqueued.fetch_add(1, Ordering::Relaxed);
-                stats.queued_bytes.fetch_add(bytes, Ordering::Relaxed);
-            }
-            Err(_) => {
-                stats
-                    .spans_dropped_queue_full
-                    .fetch_add(1, Ordering::Relaxed);
-            }
-        }
+        let spans = vec![trigger_span::trigger_span(
+            f,
+            at,
+            &pipe.clock,
+            &mut pipe.ids,
+        )];
+        active
+            .shared
+            .stats
+            .enqueue(&pipe.tx, TraceItem { resource, spans });
     }
 
     /// Replaces the in-flight gauges with a sample of the open requests

@@ -271,27 +271,16 @@ impl Triggers {
 mod tests {
     use std::time::Duration;
 
+    use super::window::tests::timeline_with_chunks;
     use super::*;
     use crate::config::ExplainConfig;
-    use crate::model::BodyKind;
     use crate::session::HubSettings;
     use crate::stitch::StitchConfig;
 
     const MS: u64 = 1_000_000;
 
     fn stream(end: MonoNs, ttft_ms: u64) -> RequestTimeline {
-        let start = end - ttft_ms * MS;
-        RequestTimeline {
-            request_start: start,
-            read_start: start,
-            request_end: start,
-            status: Some(200),
-            body_kind: Some(BodyKind::Sse),
-            first_body_byte: Some(end),
-            chunk_ts: vec![end],
-            end,
-            ..RequestTimeline::default()
-        }
+        timeline_with_chunks(end, ttft_ms, &[])
     }
 
     #[test]

@@ -142,7 +142,7 @@ impl Window {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
     use crate::model::BodyKind;
 
@@ -150,7 +150,11 @@ mod tests {
 
     /// An SSE stream that ends at `end` ns: first token `ttft_ms` after its
     /// start, then chunks `gaps_ms` apart.
-    fn timeline_with_chunks(end: MonoNs, ttft_ms: u64, gaps_ms: &[u64]) -> RequestTimeline {
+    pub(in crate::trigger) fn timeline_with_chunks(
+        end: MonoNs,
+        ttft_ms: u64,
+        gaps_ms: &[u64],
+    ) -> RequestTimeline {
         let total: u64 = ttft_ms + gaps_ms.iter().sum::<u64>();
         let start = end.saturating_sub(total * MS);
         let mut at = start + ttft_ms * MS;
