@@ -354,9 +354,18 @@ fn root_every_dashboard_panel_returns_plausible_series_from_a_real_prometheus() 
     // first, so that its series are in many scrapes before the panels are
     // evaluated
     cancelled_request(server.port, "prom-cancel");
+    let cancel_path = format!("{ROUTE}?rid=prom-cancel");
+    // reported, so no longer in flight when the load starts: the peak
+    // bound below is the load's alone
+    assert!(
+        agent
+            .wait_for_path(&cancel_path, Duration::from_secs(30))
+            .is_some(),
+        "the agent did not report the cancelled request"
+    );
     let client = run_client(server.port, &run);
     let mut want_paths = paths(&client);
-    want_paths.insert(format!("{ROUTE}?rid=prom-cancel"));
+    want_paths.insert(cancel_path);
     let missing = agent.wait_for_paths(&want_paths, Duration::from_secs(30));
     assert!(missing.is_empty(), "the agent did not report {missing:?}");
     let lines = agent.values();
