@@ -1,0 +1,308 @@
+//! `tokentrace run`: wires discovery, probes, ingest, stitching and output
+//! together, and ends on --requests, --duration, Ctrl-C or SIGTERM.
+//!
+//! [`run_with`] connects the stages: validate everything the user can get
+//! wrong, start the outputs (exporter, pod metadata, sessions, triggers),
+//! start the probes and attach to the processes found, then feed the
+//! [`Pipeline`] until a stop, drain what the kernel still holds, and shut
+//! the outputs down.
+
+mod outputs;
+mod pipeline;
+mod probed;
+
+use std::io;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use regex::Regex;
+use tokio::sync::mpsc;
+
+use crate::cli::RunArgs;
+use crate::config::Config;
+use crate::discover::libraries::{ProbedFiles, UprobeScope};
+use crate::discover::{EndpointMatcher, Selector, Tracker};
+use crate::event::Event;
+use crate::explain::Explainer;
+use crate::ingest::Ingest;
+use crate::output::RunSummary;
+use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
+use crate::session::SessionHub;
+use crate::stitch::Stitcher;
+use crate::units::monotonic_now;
+
+use outputs::Outputs;
+use pipeline::{Pipeline, Printer, Stop};
+use probed::Probed;
+
+const PROC: &str = "/proc";
+/// How often idle connections are swept.
+const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// Batches of events buffered between the ingest thread and stitching.
+const EVENT_CHANNEL_BATCHES: usize = 1024;
+/// How long attaching the uprobes of the processes found at start may take.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long queued spans and a last metrics push may take at exit.
+const EXPORT_GRACE: Duration = Duration::from_secs(5);
+
+fn selector(args: &RunArgs) -> Result<Selector> {
+    let regex = |flag: &str, pattern: &Option<String>| -> Result<Option<Regex>> {
+        pattern
+            .as_deref()
+            .map(|p| {
+                Regex::new(p)
+                    .with_context(|| format!("{flag} {p:?} is not a valid regular expression"))
+            })
+            .transpose()
+    };
+    Ok(Selector {
+        pids: args.pid.clone(),
+        ports: args.port.clone(),
+        exe: regex("--exe", &args.exe)?,
+        comm: regex("--comm", &args.comm)?,
+    })
+}
+
+fn require_privileges() -> Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!(
+            "tokentrace run needs root (euid 0): it loads eBPF programs, attaches uprobes to \
+             other users' processes and reads their /proc entries; run it with sudo \
+             (`tokentrace check` lists what else this host is missing)"
+        );
+    }
+    Ok(())
+}
+
+/// What `record` adds to a run.
+#[derive(Debug, Default)]
+pub struct RunHooks {
+    /// Sessions to feed. `None`: the run serves its own control endpoint
+    /// (unless `--no-control`).
+    pub sessions: Option<SessionHub>,
+    /// Do not print timelines.
+    pub quiet: bool,
+    /// Told once the probes are attached.
+    pub ready: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+pub async fn run(args: RunArgs) -> Result<RunSummary> {
+    run_with(args, RunHooks::default()).await
+}
+
+/// Config, the `--capture-bytes` override and the selector, all checked
+/// before anything starts.
+fn validated(args: &RunArgs) -> Result<(Config, Selector)> {
+    let mut config = Config::load(args.config.as_deref())?;
+    if let Some(bytes) = args.capture_bytes {
+        config.capture.bytes = bytes;
+    }
+    config.validate()?;
+    let selector = selector(args)?;
+    if let Some(pid) = selector.missing_pid(Path::new(PROC)) {
+        bail!("--pid {pid}: no such process");
+    }
+    Ok((config, selector))
+}
+
+/// Loads the probes; the events they record go to `events_tx`.
+fn start_ingest(
+    config: &Config,
+    selector: &Selector,
+    events_tx: mpsc::Sender<Vec<Event>>,
+) -> Result<Ingest> {
+    Ingest::start(
+        ProbeSettings {
+            capture_bytes: config.capture.bytes,
+            wakeup_bytes: config.capture.wakeup_bytes,
+            ring_buffer_bytes: config.capture.ring_buffer_bytes,
+            agent_pid: std::process::id(),
+            min_interval_ns: u64::try_from(config.explain.min_interval.as_nanos())
+                .unwrap_or(u64::MAX),
+            report_all_execs: selector.exe.is_some() || selector.comm.is_some(),
+            report_listens: selector.is_automatic() || !selector.ports.is_empty(),
+        },
+        config.capture.poll_interval,
+        events_tx,
+    )
+}
+
+/// Traces the processes running now and attaches their uprobes; returns
+/// once they are in place (a request sent after `ready` is seen whole, TLS
+/// included).
+fn attach_initial(
+    tracker: &mut Tracker,
+    probed: &mut Probed<'_>,
+    endpoints: &[String],
+) -> Result<()> {
+    let initial = tracker.initial_scan(Path::new(PROC))?;
+    let mut changes = Vec::new();
+    for &pid in &initial {
+        probed.ingest.traced_pids.insert(pid)?;
+        changes.extend(probed.files.scan(Path::new(PROC), pid));
+    }
+    probed.send(changes);
+    probed.ingest.wait_for_commands(ATTACH_TIMEOUT)?;
+    if tracker.is_automatic() {
+        eprintln!(
+            "tokentrace: automatic mode: watching {} listening process(es) for requests to {}",
+            initial.len(),
+            endpoints.join(", ")
+        );
+    } else {
+        eprintln!("tokentrace: tracing pid(s) {initial:?} and matching processes that start later");
+    }
+    eprintln!("tokentrace: ready");
+    Ok(())
+}
+
+pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> {
+    require_privileges()?;
+    let (config, selector) = validated(&args)?;
+    let mut outputs = Outputs::start(&args, &config, &mut hooks).await?;
+    ensure_tracefs()?;
+    route_libbpf_logs();
+
+    let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
+    let mut tracker = Tracker::new(
+        selector.clone(),
+        EndpointMatcher::new(&config.endpoints),
+        std::process::id(),
+        config.discovery.demote_after_requests,
+    )
+    .with_scope(outputs.scope.take());
+    let ingest = start_ingest(&config, &selector, events_tx)?;
+    let uprobe_scope = if args.uprobes_all_processes || config.discovery.uprobes_all_processes {
+        UprobeScope::AllProcesses
+    } else {
+        UprobeScope::Traced
+    };
+    let mut probed = Probed {
+        ingest: &ingest,
+        files: ProbedFiles::new(uprobe_scope),
+    };
+    attach_initial(&mut tracker, &mut probed, &config.endpoints)?;
+    if let Some(ready) = hooks.ready.take() {
+        let _ = ready.send(());
+    }
+    outputs.exporter.set_ready();
+
+    let mut pipeline = Pipeline {
+        tracker,
+        stitcher: Stitcher::new(config.stitch.stitcher_config()),
+        printer: Printer {
+            format: args.output,
+            out: io::stdout(),
+        },
+        summary: RunSummary::default(),
+        probed,
+        explainer: Explainer::new(
+            u64::try_from(config.explain.stall_threshold.as_nanos()).unwrap_or(u64::MAX),
+            u64::try_from(config.explain.history.as_nanos()).unwrap_or(u64::MAX),
+        ),
+        exporter: outputs.exporter,
+        request_limit: args.requests,
+        finished: Vec::new(),
+        sessions: outputs.sessions,
+        triggers: outputs.triggers,
+        quiet: hooks.quiet,
+    };
+    let idle_ns = u64::try_from(config.stitch.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
+    let stop = event_loop(&mut pipeline, &mut events_rx, args.duration, idle_ns).await?;
+    if matches!(stop, Stop::Duration | Stop::Signal) {
+        drain(&mut pipeline, &mut events_rx).await;
+    }
+    // Whatever path ended the loop, an ingest thread waiting to send must
+    // not block its own join below.
+    events_rx.close();
+    pipeline.refresh_gauges();
+    let Pipeline {
+        stitcher,
+        summary,
+        exporter,
+        sessions,
+        triggers,
+        ..
+    } = pipeline;
+    Outputs::shut_down(exporter, sessions, triggers).await?;
+    finish(summary, &stitcher, &ingest, stop)
+}
+
+/// Feeds the pipeline until a stop: an event batch, the periodic sweep, the
+/// deadline or a signal, whichever comes first.
+async fn event_loop(
+    pipeline: &mut Pipeline<'_>,
+    events_rx: &mut mpsc::Receiver<Vec<Event>>,
+    duration: Option<Duration>,
+    idle_ns: u64,
+) -> Result<Stop> {
+    let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
+    let deadline = duration.map(|d| tokio::time::Instant::now() + d);
+    // Both handlers are installed once, before the loop: a signal that
+    // arrives while a batch is being processed is kept for the next turn
+    // (a `ctrl_c()` future created per turn would miss it).
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let mut interrupt = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("installing the SIGINT handler")?;
+    loop {
+        let until_deadline = async {
+            match deadline {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let stop = tokio::select! {
+            batch = events_rx.recv() => match batch {
+                Some(batch) => pipeline.on_batch(&batch),
+                None => Some(Stop::IngestEnded),
+            },
+            _ = sweep.tick() => pipeline.sweep(monotonic_now(), idle_ns),
+            _ = until_deadline => Some(Stop::Duration),
+            _ = interrupt.recv() => Some(Stop::Signal),
+            _ = terminate.recv() => Some(Stop::Signal),
+        };
+        if let Some(stop) = stop {
+            return Ok(stop);
+        }
+    }
+}
+
+/// Everything the kernel recorded before the stop is stitched first (the
+/// ingest thread reads the ring buffer a last time); only then are requests
+/// still in flight reported, marked as cut by the agent. Received until the
+/// thread ends and the channel closes: the thread waits on a full channel
+/// (backpressure) rather than drop.
+async fn drain(pipeline: &mut Pipeline<'_>, events_rx: &mut mpsc::Receiver<Vec<Event>>) {
+    pipeline.probed.ingest.request_stop();
+    while let Some(batch) = events_rx.recv().await {
+        if pipeline.on_batch(&batch).is_some() {
+            break;
+        }
+    }
+    pipeline.finish(monotonic_now());
+}
+
+/// Stops the probes and completes the run's summary with their counters.
+fn finish(
+    mut summary: RunSummary,
+    stitcher: &Stitcher,
+    ingest: &Ingest,
+    stop: Stop,
+) -> Result<RunSummary> {
+    ingest.stop();
+    let losses = ingest.kernel_counters.read().unwrap_or_default();
+    summary.kernel_drops = losses.records_lost();
+    summary.untraced_forks = losses.traced_full;
+    summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
+    summary.channel_waits = ingest.stats.channel_waits.load(Ordering::Relaxed);
+    summary.decode_errors = ingest.stats.decode_errors.load(Ordering::Relaxed);
+    summary.stitch = stitcher.stats().clone();
+    if stop == Stop::IngestEnded {
+        bail!("the ingest thread stopped unexpectedly (see the log above)");
+    }
+    Ok(summary)
+}
