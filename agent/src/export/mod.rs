@@ -69,9 +69,9 @@ use retry::{with_retry, RetryPolicy};
 use spans::{trace_spans, Trace};
 
 use crate::event::MonoNs;
+use crate::model::Firing;
 use crate::model::OpenRequest;
 use crate::stitch::RequestTimeline;
-use crate::trigger::Firing;
 
 /// The wall-clock offset is measured again when a timeline ends this long
 /// after the last measurement, to follow steps of the system clock.

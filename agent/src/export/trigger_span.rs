@@ -8,7 +8,7 @@ use super::clock::WallClock;
 use super::context::IdGenerator;
 use super::resource::{kv_f64, kv_int, kv_str};
 use crate::event::MonoNs;
-use crate::trigger::Firing;
+use crate::model::Firing;
 
 /// The span's name; its attributes are `tokentrace.trigger.*`.
 pub const TRIGGER_SPAN: &str = "tokentrace.trigger";
@@ -18,7 +18,7 @@ pub fn trigger_span(f: &Firing, at: MonoNs, clock: &WallClock, ids: &mut IdGener
     let window_ns = (f.window_s * 1e9) as u64;
     let mut attributes = vec![
         kv_str("tokentrace.trigger.rule", f.rule.clone()),
-        kv_str("tokentrace.trigger.metric", f.metric.as_str()),
+        kv_str("tokentrace.trigger.metric", f.metric),
         kv_f64("tokentrace.trigger.value", f.value),
         kv_f64("tokentrace.trigger.above", f.above),
         kv_f64("tokentrace.trigger.window_s", f.window_s),

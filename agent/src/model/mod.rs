@@ -1,13 +1,17 @@
 //! The pipeline's products, below every stage that makes or reads them:
 //! a finished request ([`RequestTimeline`], made by `stitch`) and the
-//! causes of its late chunks ([`Stall`], made by `explain`). Keeping them
-//! here lets the explainer consume timelines and the timeline carry its
-//! stalls without either stage importing the other.
+//! causes of its late chunks ([`Stall`], made by `explain`), and a
+//! trigger's [`Firing`] (made by `trigger`, exported by `export`). Keeping
+//! them here lets the explainer consume timelines and the timeline carry
+//! its stalls, and the exporter export firings, without a stage importing
+//! the one that consumes it.
 
+mod firing;
 pub mod in_flight;
 mod stall;
 pub mod timeline;
 
+pub use firing::{Firing, TriggerKey};
 pub use in_flight::{OpenRequest, Phase};
 pub use stall::Stall;
 pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};

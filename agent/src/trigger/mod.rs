@@ -9,18 +9,17 @@
 //! reported timeline (for the windows). Sessions run on the session hub's
 //! threads like `record --remote` ones; the control endpoint lists them.
 
-pub mod config;
 mod disk;
 mod history;
 mod window;
 
 use std::collections::HashMap;
 
+use crate::config::{Rule, TriggersConfig};
 use crate::event::{Event, MonoNs};
-use crate::model::RequestTimeline;
+use crate::model::{Firing, RequestTimeline, TriggerKey as Key};
 use crate::session::{SelectorSpec, SessionHub, SessionRequest, StartError, Triggered};
 
-pub use config::{Metric, Rule, TriggersConfig};
 pub use history::event_bytes;
 use history::History;
 use window::{Verdict, Window};
@@ -29,61 +28,6 @@ use window::{Verdict, Window};
 /// full of ids must not grow the agent without bound).
 const MAX_KEYS: usize = 256;
 const OTHER: &str = "other";
-
-/// The labels a window is kept for.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Key {
-    pub service: String,
-    pub route: String,
-    pub model: String,
-}
-
-/// Why a rule fired, for the log line, the session and the exported event.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Firing {
-    pub rule: String,
-    pub metric: Metric,
-    pub value: f64,
-    pub above: f64,
-    pub window_s: f64,
-    pub requests: usize,
-    pub key: Key,
-    /// The session recording it; None when it could not start (`error`).
-    pub session: Option<String>,
-    pub error: Option<String>,
-    /// Seconds of history the session starts with.
-    pub history_s: f64,
-}
-
-impl Firing {
-    /// One line: what crossed which bound where.
-    pub fn describe(&self) -> String {
-        let what = if self.metric.is_latency() {
-            format!(
-                "{} {:.1} ms > {} ms",
-                self.metric.as_str(),
-                self.value,
-                self.above
-            )
-        } else {
-            format!(
-                "{} {:.3} > {}",
-                self.metric.as_str(),
-                self.value,
-                self.above
-            )
-        };
-        format!(
-            "trigger {:?}: {what} over {:.0} s ({} requests) on service={} route={} model={}",
-            self.rule,
-            self.window_s,
-            self.requests,
-            self.key.service,
-            self.key.route,
-            self.key.model
-        )
-    }
-}
 
 struct RuleState {
     rule: Rule,
@@ -210,7 +154,8 @@ impl Triggers {
         let rule = &self.rules[rule].rule;
         let mut firing = Firing {
             rule: rule.name.clone(),
-            metric: rule.metric,
+            metric: rule.metric.as_str(),
+            latency: rule.metric.is_latency(),
             value: verdict.value,
             above: rule.above,
             window_s: rule.window.as_secs_f64(),
@@ -273,7 +218,7 @@ mod tests {
 
     use super::window::tests::timeline_with_chunks;
     use super::*;
-    use crate::config::ExplainConfig;
+    use crate::config::{ExplainConfig, Metric};
     use crate::session::HubSettings;
     use crate::stitch::StitchConfig;
 

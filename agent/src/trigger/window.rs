@@ -6,19 +6,7 @@ use crate::event::MonoNs;
 use crate::model::{AbortReason, RequestTimeline, Stall};
 use crate::units::{ms, percentile};
 
-use super::config::{Metric, Rule};
-
-/// The stall causes `stall_share` can name (the JSON `stalls` fields).
-pub const CAUSES: [&str; 8] = [
-    "queue",
-    "prefill",
-    "gpu_sync",
-    "flow_control",
-    "off_cpu",
-    "socket",
-    "nagle",
-    "unexplained",
-];
+use crate::config::{Metric, Rule};
 
 /// Milliseconds of `stall` charged to `cause` (`nagle`: the socket hold of
 /// a chunk written with Nagle on; `socket`: the other holds).

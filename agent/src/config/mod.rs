@@ -7,8 +7,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+mod triggers;
+
+pub use triggers::{Metric, Rule, TriggersConfig, CAUSES};
+
 /// The configuration compiled into the binary.
-pub const DEFAULT_CONFIG: &str = include_str!("../config/default.yaml");
+pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.yaml");
 
 /// Messages name what failed, not why: the cause is the error's `source`,
 /// which the binary prints after it (`{:#}`), so embedding its text too
@@ -51,7 +55,7 @@ pub struct Config {
     pub explain: ExplainConfig,
     /// SLO triggers: sessions the daemon records by itself.
     #[serde(default)]
-    pub triggers: crate::trigger::TriggersConfig,
+    pub triggers: TriggersConfig,
 }
 
 /// Stall explanations ("why was this token late").
@@ -159,7 +163,7 @@ impl Default for Config {
             explain: ExplainConfig::default(),
             export: crate::export::ExportConfig::default(),
             kubernetes: crate::k8s::KubernetesConfig::default(),
-            triggers: crate::trigger::TriggersConfig::default(),
+            triggers: TriggersConfig::default(),
         }
     }
 }

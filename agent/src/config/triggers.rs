@@ -1,10 +1,23 @@
-//! The `triggers:` section: rolling-window conditions over the timelines
-//! the daemon already has, and what a firing records.
+//! The `triggers:` section (read by `crate::trigger`): rolling-window
+//! conditions over the timelines the daemon already has, and what a firing
+//! records.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Deserialize;
+
+/// The stall causes `stall_share` can name (the JSON `stalls` fields).
+pub const CAUSES: [&str; 8] = [
+    "queue",
+    "prefill",
+    "gpu_sync",
+    "flow_control",
+    "off_cpu",
+    "socket",
+    "nagle",
+    "unexplained",
+];
 
 /// What a trigger measures over its window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -153,10 +166,10 @@ impl TriggersConfig {
                 ));
             }
             if let Some(cause) = rule.cause.as_deref() {
-                if !super::window::CAUSES.contains(&cause) {
+                if !CAUSES.contains(&cause) {
                     return Err(format!(
                         "triggers: rule {name:?}: unknown cause {cause:?} (one of {})",
-                        super::window::CAUSES.join(", ")
+                        CAUSES.join(", ")
                     ));
                 }
             }
