@@ -9,7 +9,7 @@ use thiserror::Error;
 
 mod triggers;
 
-pub use triggers::{Metric, Rule, TriggersConfig, CAUSES};
+pub use triggers::{Metric, Rule, TriggersConfig, CAUSES, DEFAULT_PROFILE_HZ};
 
 /// The configuration compiled into the binary.
 pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.yaml");

@@ -7,6 +7,10 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+/// CPU sampling of recording sessions (`record --profile-hz`, triggered
+/// sessions): 99 Hz, off the 100 Hz timer tick so samples do not alias it.
+pub const DEFAULT_PROFILE_HZ: u64 = 99;
+
 /// The stall causes `stall_share` can name (the JSON `stalls` fields).
 pub const CAUSES: [&str; 8] = [
     "queue",
@@ -137,7 +141,7 @@ impl Default for TriggersConfig {
             after: Duration::from_secs(20),
             cooldown: Duration::from_secs(300),
             history_max_mib: 64,
-            profile_hz: crate::session::profile::DEFAULT_FREQUENCY_HZ,
+            profile_hz: DEFAULT_PROFILE_HZ,
         }
     }
 }

@@ -32,7 +32,7 @@ use crate::event::MonoNs;
 pub const MAX_FREQUENCY_HZ: u64 = 1000;
 /// Default frequency: 99 Hz, off the 100 Hz beat of timers so samples do
 /// not lock step with periodic work.
-pub const DEFAULT_FREQUENCY_HZ: u64 = 99;
+pub const DEFAULT_FREQUENCY_HZ: u64 = crate::config::DEFAULT_PROFILE_HZ;
 /// Name of a frame that could not be symbolised.
 const UNKNOWN: &str = "[unknown]";
 
