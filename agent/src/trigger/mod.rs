@@ -132,7 +132,7 @@ impl Triggers {
             let window = state.window_for(key.clone());
             window.add(&rule, t);
             window.expire(now, window_ns);
-            let Some(verdict) = window.judge(&rule) else {
+            let Some(verdict) = window.judge_at(&rule, now) else {
                 continue;
             };
             let cooled = state
@@ -292,7 +292,7 @@ mod tests {
         // Past the cooldown it fires again.
         at += 61_000 * MS;
         let again: Vec<Firing> = (0..3)
-            .flat_map(|i| triggers.observe("svc", route, &stream(at + i * MS, 300)))
+            .flat_map(|i| triggers.observe("svc", route, &stream(at + i * 300 * MS, 300)))
             .collect();
         assert_eq!(again.len(), 1);
         hub.shutdown();

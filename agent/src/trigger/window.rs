@@ -4,7 +4,7 @@ use std::collections::VecDeque;
 
 use crate::event::MonoNs;
 use crate::model::{AbortReason, RequestTimeline, Stall};
-use crate::units::{ms, percentile};
+use crate::units::ms;
 
 use crate::config::{Metric, Rule};
 
@@ -45,7 +45,15 @@ pub struct Window {
     samples: VecDeque<Sample>,
     /// Request end times, for `min_requests`.
     requests: VecDeque<MonoNs>,
+    /// When [`Window::judge_at`] last looked.
+    judged: Option<MonoNs>,
 }
+
+/// A window is judged at most this often: a percentile over a busy window
+/// (tens of thousands of ITL gaps) costs a pass over all of them, too much
+/// per request at thousands of requests per second; a firing is then at
+/// most this late.
+const JUDGE_EVERY_NS: u64 = 250_000_000;
 
 /// What a judged window found.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,6 +111,19 @@ impl Window {
         self.requests.is_empty()
     }
 
+    /// [`Window::judge`], unless the window was judged less than
+    /// [`JUDGE_EVERY_NS`] before `now`.
+    pub fn judge_at(&mut self, rule: &Rule, now: MonoNs) -> Option<Verdict> {
+        if self
+            .judged
+            .is_some_and(|at| now.saturating_sub(at) < JUDGE_EVERY_NS)
+        {
+            return None;
+        }
+        self.judged = Some(now);
+        self.judge(rule)
+    }
+
     /// The window's value for `rule`, once it holds `min_requests`.
     pub fn judge(&self, rule: &Rule) -> Option<Verdict> {
         let requests = self.requests.len();
@@ -116,8 +137,11 @@ impl Window {
                 .iter()
                 .map(|s| (s.value * 1000.0) as u64)
                 .collect();
-            us.sort_unstable();
-            percentile(&us, rule.percentile)? as f64 / 1000.0
+            // Nearest rank, as units::percentile, without sorting all.
+            let rank = ((rule.percentile / 100.0) * us.len() as f64).ceil() as usize;
+            let index = rank.clamp(1, us.len()) - 1;
+            let (_, at, _) = us.select_nth_unstable(index);
+            *at as f64 / 1000.0
         } else {
             let weight: f64 = self.samples.iter().map(|s| s.weight).sum();
             if weight <= 0.0 {
@@ -192,6 +216,10 @@ pub(super) mod tests {
             }
         }
         let v = w.judge(&r).expect("three requests");
+        // Judged again within 250 ms of the last look: not yet.
+        assert!(w.judge_at(&r, 3_000 * MS).is_some());
+        assert_eq!(w.judge_at(&r, 3_200 * MS), None);
+        assert!(w.judge_at(&r, 3_300 * MS).is_some());
         assert_eq!((v.value, v.requests), (300.0, 3));
         // They ended 2.5, 1.5 and 0.5 s before now: a 1.2 s window keeps the last.
         w.expire(3_500 * MS, 1_200 * MS);
