@@ -247,6 +247,9 @@ pub enum LlmProbe {
     Token,
     RequestEnd,
     BatchStep,
+    /// The engine took the request's KV cache away to make room for others;
+    /// it waits to be scheduled again.
+    RequestPreempted,
 }
 
 /// An `llm:*` USDT probe fired in a traced process.
@@ -259,8 +262,23 @@ pub struct UsdtEvent {
     /// Empty for `batch_step`.
     pub request_id: String,
     /// Integer arguments after the request id (`batch_step`: step id,
-    /// batch size, tokens in step).
+    /// batch size, tokens in step). For request-id probes `args[1]` is the
+    /// optional `at_ns` (0 when absent): see [`UsdtEvent::at`].
     pub args: [u64; 3],
+}
+
+impl UsdtEvent {
+    /// When the event happened: the probe's optional `at_ns` argument
+    /// (instrumentation that learns of an event after the fact, like vLLM's
+    /// stamped scheduler events, passes the original CLOCK_MONOTONIC time),
+    /// else the firing time. An `at_ns` later than the firing cannot be
+    /// true of the same clock and is ignored.
+    pub fn at(&self) -> MonoNs {
+        match self.args[1] {
+            at if self.probe != LlmProbe::BatchStep && at != 0 && at <= self.ts => at,
+            _ => self.ts,
+        }
+    }
 }
 
 /// CUDA calls that wait for the GPU.

@@ -11,12 +11,20 @@
  *   llm:prefill_end       (const char *request_id, uint64_t prompt_tokens)
  *   llm:token             (const char *request_id, uint64_t token_index)
  *   llm:request_end       (const char *request_id, uint64_t completion_tokens)
+ *   llm:request_preempted (const char *request_id, uint64_t preemptions)
  *   llm:batch_step        (uint64_t step_id, uint64_t batch_size,
  *                          uint64_t tokens_in_step)
  *
  * request_id: NUL-terminated, the id the server returns to the client
  * ("chatcmpl-..."); readers copy at most 63 bytes. Every argument is passed
  * as an 8-byte value.
+ *
+ * Every probe with a request id takes an optional third argument, at_ns:
+ * the CLOCK_MONOTONIC time (ns, the clock of bpf_ktime_get_ns and Python's
+ * time.monotonic()) when the event happened, for instrumentation that
+ * learns of an event after the fact (vLLM stamps its scheduler events and
+ * hands them on a step later). 0, or a site without it: the firing time.
+ * The plain macros fire without it; the _AT forms pass it.
  *
  * Every probe has a semaphore: the macros test it first, so an unattached
  * probe costs one load and a predicted branch, and its arguments are not
@@ -46,6 +54,7 @@
   X(prefill_end)           \
   X(token)                 \
   X(request_end)           \
+  X(request_preempted)     \
   X(batch_step)
 
 /* sdt.h requires the semaphore of probe P of provider llm to be called
@@ -74,6 +83,14 @@ LLM_USDT_PROBES(LLM_USDT_SEMAPHORE_)
                     (uint64_t)(value));                                  \
   } while (0)
 
+/* Any request-id probe with the time the event happened (see at_ns above). */
+#define LLM_USDT_AT(name, request_id, value, at_ns)                       \
+  do {                                                                   \
+    if (LLM_USDT_ENABLED(name))                                          \
+      DTRACE_PROBE3(llm, name, (const char *)(request_id),               \
+                    (uint64_t)(value), (uint64_t)(at_ns));               \
+  } while (0)
+
 #define LLM_USDT_REQUEST_START(request_id, prompt_tokens) \
   LLM_USDT_RID_PROBE_(request_start, request_id, prompt_tokens)
 #define LLM_USDT_REQUEST_QUEUED(request_id, queue_depth) \
@@ -88,6 +105,8 @@ LLM_USDT_PROBES(LLM_USDT_SEMAPHORE_)
   LLM_USDT_RID_PROBE_(token, request_id, token_index)
 #define LLM_USDT_REQUEST_END(request_id, completion_tokens) \
   LLM_USDT_RID_PROBE_(request_end, request_id, completion_tokens)
+#define LLM_USDT_REQUEST_PREEMPTED(request_id, preemptions) \
+  LLM_USDT_RID_PROBE_(request_preempted, request_id, preemptions)
 
 #define LLM_USDT_BATCH_STEP(step_id, batch_size, tokens_in_step)         \
   do {                                                                   \
@@ -101,15 +120,28 @@ LLM_USDT_PROBES(LLM_USDT_SEMAPHORE_)
 #ifdef __cplusplus
 extern "C" {
 #endif
-void llm_usdt_request_start(const char *request_id, uint64_t prompt_tokens);
-void llm_usdt_request_queued(const char *request_id, uint64_t queue_depth);
-void llm_usdt_request_scheduled(const char *request_id, uint64_t batch_size);
-void llm_usdt_prefill_start(const char *request_id, uint64_t prompt_tokens);
-void llm_usdt_prefill_end(const char *request_id, uint64_t prompt_tokens);
-void llm_usdt_token(const char *request_id, uint64_t token_index);
-void llm_usdt_request_end(const char *request_id, uint64_t completion_tokens);
+void llm_usdt_request_start(const char *request_id, uint64_t prompt_tokens,
+                            uint64_t at_ns);
+void llm_usdt_request_queued(const char *request_id, uint64_t queue_depth,
+                             uint64_t at_ns);
+void llm_usdt_request_scheduled(const char *request_id, uint64_t batch_size,
+                                uint64_t at_ns);
+void llm_usdt_prefill_start(const char *request_id, uint64_t prompt_tokens,
+                            uint64_t at_ns);
+void llm_usdt_prefill_end(const char *request_id, uint64_t prompt_tokens,
+                          uint64_t at_ns);
+void llm_usdt_token(const char *request_id, uint64_t token_index,
+                    uint64_t at_ns);
+void llm_usdt_request_end(const char *request_id, uint64_t completion_tokens,
+                          uint64_t at_ns);
+void llm_usdt_request_preempted(const char *request_id, uint64_t preemptions,
+                                uint64_t at_ns);
 void llm_usdt_batch_step(uint64_t step_id, uint64_t batch_size,
                          uint64_t tokens_in_step);
+/* Address of a probe's semaphore (NULL for an unknown name): a runtime that
+ * pays for every foreign call (Python's ctypes) reads it directly to skip
+ * all work, argument building included, while no tracer is attached. */
+const volatile unsigned short *llm_usdt_semaphore(const char *probe);
 #ifdef __cplusplus
 }
 #endif

@@ -14,6 +14,14 @@ request_id is a str or bytes, the id the server returns to the client
 ("chatcmpl-..."); tracers read at most 63 bytes of it. Integers must fit in
 64 bits. instrument/README.md documents the probes and their arguments.
 
+Every request-id probe takes an optional at_ns: the time.monotonic_ns()
+(CLOCK_MONOTONIC) when the event happened, for code that learns of an
+event after the fact; 0 (the default) means now.
+
+semaphore(name) returns the probe's semaphore as a ctypes c_ushort (None
+without the library): reading .value costs no foreign call, so a hot path
+can skip all of its work while no tracer is attached.
+
 Cost when no tracer is attached: one ctypes call into a function that tests
 the probe's semaphore and returns (about a microsecond from CPython).
 """
@@ -31,7 +39,9 @@ __all__ = [
     "prefill_end",
     "token",
     "request_end",
+    "request_preempted",
     "batch_step",
+    "semaphore",
 ]
 
 _RID_PROBES = (
@@ -42,6 +52,7 @@ _RID_PROBES = (
     "prefill_end",
     "token",
     "request_end",
+    "request_preempted",
 )
 
 
@@ -59,10 +70,12 @@ def _load(path):
         return None
     for name in _RID_PROBES:
         fn = getattr(lib, "llm_usdt_" + name)
-        fn.argtypes = (ctypes.c_char_p, ctypes.c_uint64)
+        fn.argtypes = (ctypes.c_char_p, ctypes.c_uint64, ctypes.c_uint64)
         fn.restype = None
     lib.llm_usdt_batch_step.argtypes = (ctypes.c_uint64,) * 3
     lib.llm_usdt_batch_step.restype = None
+    lib.llm_usdt_semaphore.argtypes = (ctypes.c_char_p,)
+    lib.llm_usdt_semaphore.restype = ctypes.c_void_p
     return lib
 
 
@@ -79,15 +92,15 @@ def _rid(request_id):
 
 def _rid_probe(name):
     if _lib is None:
-        def noop(request_id, value):
+        def noop(request_id, value, at_ns=0):
             pass
 
         noop.__name__ = name
         return noop
     fn = getattr(_lib, "llm_usdt_" + name)
 
-    def fire(request_id, value):
-        fn(_rid(request_id), value)
+    def fire(request_id, value, at_ns=0):
+        fn(_rid(request_id), value, at_ns)
 
     fire.__name__ = name
     return fire
@@ -107,9 +120,24 @@ token = _rid_probe("token")
 token.__doc__ = "llm:token(request_id, token_index): token token_index (from 0) was generated."
 request_end = _rid_probe("request_end")
 request_end.__doc__ = "llm:request_end(request_id, completion_tokens): the request is finished."
+request_preempted = _rid_probe("request_preempted")
+request_preempted.__doc__ = (
+    "llm:request_preempted(request_id, preemptions): the engine evicted it; it waits again."
+)
 
 
 def batch_step(step_id, batch_size, tokens_in_step):
     """llm:batch_step(step_id, batch_size, tokens_in_step): one engine step done."""
     if _lib is not None:
         _lib.llm_usdt_batch_step(step_id, batch_size, tokens_in_step)
+
+
+def semaphore(name):
+    """The semaphore of probe `name` (a ctypes.c_ushort; nonzero while a
+    tracer is attached), or None without the library or for an unknown name."""
+    if _lib is None:
+        return None
+    address = _lib.llm_usdt_semaphore(name.encode())
+    if not address:
+        return None
+    return ctypes.c_ushort.from_address(address)

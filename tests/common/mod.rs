@@ -28,6 +28,7 @@ pub mod h2;
 pub mod nginx;
 pub mod otel;
 pub mod tls;
+pub mod vllm;
 pub mod wire;
 
 /// Panics unless running as root: these tests load eBPF programs. They must
@@ -509,6 +510,33 @@ impl Agent {
                     .filter_map(|l| str_field(&l.v, "path"))
                     .collect();
                 return paths.difference(&seen).cloned().collect();
+            }
+            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                self.lines.push(l);
+            }
+        }
+    }
+
+    /// Collects lines until one has each of `wanted` as its string field
+    /// `key` (e.g. every `response_id`), or the timeout passes. Returns
+    /// the values still missing.
+    pub fn wait_for_values(
+        &mut self,
+        key: &str,
+        wanted: &BTreeSet<String>,
+        timeout: Duration,
+    ) -> BTreeSet<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            let seen: BTreeSet<String> = self
+                .lines
+                .iter()
+                .filter_map(|l| str_field(&l.v, key))
+                .collect();
+            let missing: BTreeSet<String> = wanted.difference(&seen).cloned().collect();
+            if missing.is_empty() || Instant::now() >= deadline || self.proc.try_exit().is_some() {
+                return missing;
             }
             if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
                 self.lines.push(l);

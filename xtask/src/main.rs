@@ -16,6 +16,10 @@
 //!   SIGKILL and server restarts; a pass/fail report (not in CI)
 //! - `gpu-check` a real CUDA program (PyTorch) under the agent: real CUDA
 //!   launches and syncs must arrive (needs a GPU; CI has none)
+//! - `vllm-env` install the CPU build of vLLM into its cached venv
+//!   (`$TOKENTRACE_VLLM_VENV`, default /var/cache/tokentrace/vllm-venv)
+//! - `vllm-plugin` install the tokentrace-vllm plugin (`--python PY`,
+//!   default the venv's) or build its wheel (`--wheel-dir DIR`)
 //! - `vmlinux` regenerate ebpf-probes/include/<arch>/vmlinux.h from this kernel
 
 mod bench;
@@ -27,6 +31,7 @@ mod native;
 mod soak;
 mod stress;
 mod util;
+mod vllm;
 
 use std::process::ExitCode;
 
@@ -44,6 +49,8 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
             let (stress, rest) = stress::take_flag(rest);
             deps::install(deps::Scope::All)?;
             native::build_and_check()?;
+            // Real vLLM for tests/ebpf_vllm.rs (installed once per machine).
+            vllm::for_tests()?;
             util::ensure_tracefs()?;
             // Build first, unloaded: the hog is for the tests, not rustc.
             util::cargo(&["test", "--workspace", "--no-run"])?;
@@ -63,8 +70,10 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
         "soak" => soak::run(rest),
         "gpu-check" => gpu_check::run(),
         "vmlinux" => deps::vmlinux(),
+        "vllm-env" => vllm::ensure_env().map(|venv| eprintln!("xtask: vLLM venv {}", venv.display())),
+        "vllm-plugin" => vllm::plugin(rest),
         other => bail!(
-            "unknown task {other:?}; tasks: deps, demo, native, test, bench, fuzz, soak, gpu-check, vmlinux"
+            "unknown task {other:?}; tasks: deps, demo, native, test, bench, fuzz, soak, gpu-check, vmlinux, vllm-env, vllm-plugin"
         ),
     }
 }
@@ -73,7 +82,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((task, rest)) = args.split_first() else {
         eprintln!(
-            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|fuzz [--minutes N]|soak [--minutes N]|gpu-check|vmlinux> [args]"
+            "usage: cargo xtask <deps|demo|native|test [--stress]|bench|fuzz [--minutes N]|soak [--minutes N]|gpu-check|vmlinux|vllm-env|vllm-plugin> [args]"
         );
         return ExitCode::from(2);
     };

@@ -87,6 +87,12 @@ impl Tracker {
             bail!("--pid {pid}: no such process");
         }
         let mut picked: Vec<u32> = self.selector.pids.clone();
+        // `--pid` covers what the process forks: children it forked before
+        // we started (vLLM's EngineCore and Worker, spawned at its start)
+        // count as much as later ones.
+        for &pid in &self.selector.pids {
+            picked.extend(procfs::descendants(proc_root, pid));
+        }
         if self.selector.is_automatic() || !self.selector.ports.is_empty() {
             for (pid, ports) in procfs::listening_ports(proc_root) {
                 if self.selector.is_automatic()

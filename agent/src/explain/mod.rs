@@ -8,6 +8,7 @@
 //! Pure: events in ([`Explainer::observe`]), breakdowns out
 //! ([`Explainer::explain`]); the caller supplies time for pruning.
 
+mod engine;
 mod history;
 mod intervals;
 
@@ -15,7 +16,7 @@ use std::cell::OnceCell;
 
 use foldhash::{HashMap, HashSet};
 
-pub use crate::model::Stall;
+pub use crate::model::{EngineView, Stall};
 
 use crate::event::{ConnId, Direction, Event, LlmProbe, MonoNs};
 use crate::stitch::RequestTimeline;
@@ -30,6 +31,11 @@ struct RequestMarks {
     scheduled: Option<MonoNs>,
     prefill_start: Option<MonoNs>,
     prefill_end: Option<MonoNs>,
+    /// Every `request_scheduled` and `request_preempted`, in time order
+    /// (at most [`engine::MAX_RESCHEDULES`] each): a preemption lasts until
+    /// the next scheduling.
+    rescheduled: Vec<MonoNs>,
+    preempted: Vec<MonoNs>,
     /// `llm:token` of each token index (the first mark of an index): when
     /// the producer had it. Sorted by index; marks come in index order.
     tokens: Vec<(u64, MonoNs)>,
@@ -211,20 +217,30 @@ impl Explainer {
                     None => self.requests.entry(u.request_id.clone()).or_default(),
                 };
                 marks.threads.insert((u.pid, u.tid));
-                marks.last_ts = u.ts;
+                marks.last_ts = marks.last_ts.max(u.ts);
                 if u.probe == LlmProbe::Token {
                     marks.token_threads.insert((u.pid, u.tid));
                     marks.mark_token(u.args[0], u.ts);
                     return;
                 }
+                // Dated by `at_ns` when the instrumentation learnt of the
+                // event late; the earliest mark of a kind is its first.
+                let at = u.at();
                 let slot = match u.probe {
                     LlmProbe::RequestQueued => &mut marks.queued,
-                    LlmProbe::RequestScheduled => &mut marks.scheduled,
+                    LlmProbe::RequestScheduled => {
+                        engine::insert_sorted(&mut marks.rescheduled, at);
+                        &mut marks.scheduled
+                    }
+                    LlmProbe::RequestPreempted => {
+                        engine::insert_sorted(&mut marks.preempted, at);
+                        return;
+                    }
                     LlmProbe::PrefillStart => &mut marks.prefill_start,
                     LlmProbe::PrefillEnd => &mut marks.prefill_end,
                     _ => return,
                 };
-                slot.get_or_insert(u.ts);
+                *slot = Some(slot.map_or(at, |first| first.min(at)));
             }
             Event::CudaSync(c) => self.syncs.push(
                 (c.pid, c.tid),
@@ -364,6 +380,9 @@ impl Explainer {
             _ => Intervals::default(),
         };
         let queue = marks.map_or_else(Intervals::default, |m| mark_span(m.queued, m.scheduled));
+        let preempted = marks.map_or_else(Intervals::default, |m| {
+            Intervals::union_of(engine::preempted_spans(m, t.end))
+        });
         let flow_control = Intervals::union_of(t.flow_control_waits.iter().copied());
         let prefill = marks.map_or_else(Intervals::default, |m| {
             mark_span(m.prefill_start, m.prefill_end)
@@ -400,9 +419,7 @@ impl Explainer {
         } in late
         {
             let gap = emit.saturating_sub(start);
-            let produced = marks
-                .and_then(|m| m.token(i as u64))
-                .filter(|&ts| ts > start && ts < emit);
+            let produced = marks.and_then(|m| engine::split_mark(m, i as u64, start, emit));
             let segments: Vec<(MonoNs, MonoNs, &ThreadCauses)> = match produced {
                 Some(ts) => vec![(start, ts, side(0)), (ts, emit, side(1))],
                 None => vec![(start, emit, side(2))],
@@ -417,6 +434,7 @@ impl Explainer {
                     (part.total(), part)
                 };
                 totals.queue += share(&queue).0;
+                totals.preempted += share(&preempted).0;
                 totals.prefill += share(&prefill).0;
                 totals.gpu += share(&side.gpu).0;
                 totals.flow_control += share(&flow_control).0;
@@ -443,8 +461,12 @@ impl Explainer {
                 .into_iter()
                 .max_by_key(|(overlap, _)| *overlap)
                 .map(|(_, r)| r);
-            let explained =
-                totals.queue + totals.prefill + totals.gpu + totals.flow_control + totals.off_cpu;
+            let explained = totals.queue
+                + totals.preempted
+                + totals.prefill
+                + totals.gpu
+                + totals.flow_control
+                + totals.off_cpu;
             let batch_fan_in = engine_pids
                 .iter()
                 .flat_map(|pid| self.steps.ending_after(pid, start))
@@ -456,6 +478,7 @@ impl Explainer {
                 start_ms: ms(start.saturating_sub(t.request_start)),
                 gap_ms: ms(gap),
                 queue_ms: ms(totals.queue),
+                preempted_ms: ms(totals.preempted),
                 prefill_ms: ms(totals.prefill),
                 gpu_sync_ms: ms(totals.gpu),
                 flow_control_ms: ms(totals.flow_control),
@@ -466,6 +489,8 @@ impl Explainer {
                 unexplained_ms: ms(gap.saturating_sub(explained)),
                 batch_fan_in,
                 gpu_launches: totals.launches,
+                engine_ms: produced.map(|ts| ms(ts.saturating_sub(start))),
+                frontend_ms: produced.map(|ts| ms(emit.saturating_sub(ts))),
             });
         }
         stalls
@@ -486,6 +511,7 @@ struct Late<'a> {
 #[derive(Debug, Default)]
 struct Breakdown {
     queue: u64,
+    preempted: u64,
     prefill: u64,
     gpu: u64,
     flow_control: u64,

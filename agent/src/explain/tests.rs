@@ -346,3 +346,102 @@ fn an_http2_flow_control_wait_is_its_own_cause_before_off_cpu() {
     assert!(close_ms(late.off_cpu_ms, 10.0), "{late:?}");
     assert!(close_ms(late.unexplained_ms, 15.0), "{late:?}");
 }
+
+/// vLLM through tokentrace-vllm: scheduler events dated by `at_ns` (they
+/// reach the probes a step late), an empty role chunk before the tokens,
+/// two requests sharing batch steps, one preempted and rescheduled.
+#[test]
+fn engine_view_joins_dated_marks_steps_and_preemption() {
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    let at = |probe, fired_ms: u64, value: u64, at_ms: u64| {
+        usdt(probe, fired_ms, [value, at_ms * MS, 0])
+    };
+    let other = |probe, fired_ms: u64, args: [u64; 3]| {
+        let Event::Usdt(mut u) = usdt(probe, fired_ms, args) else {
+            unreachable!()
+        };
+        u.request_id = "chatcmpl-2".into();
+        Event::Usdt(u)
+    };
+    let token = |index: u64, at_ms: u64| usdt(LlmProbe::Token, at_ms, [index, 0, 0]);
+    let step =
+        |id: u64, batch: u64, at_ms: u64| usdt(LlmProbe::BatchStep, at_ms, [id, batch, batch]);
+    let events = vec![
+        write(1001, 0, true),
+        // Fired at 1150 with the first token, dated when they happened.
+        at(LlmProbe::RequestQueued, 1150, 2, 1010),
+        at(LlmProbe::RequestScheduled, 1150, 2, 1100),
+        at(LlmProbe::PrefillStart, 1150, 9, 1100),
+        token(0, 1150),
+        other(LlmProbe::Token, 1150, [0, 0, 0]),
+        at(LlmProbe::PrefillEnd, 1150, 9, 1149),
+        step(1, 2, 1151),
+        token(1, 1160),
+        other(LlmProbe::Token, 1160, [1, 0, 0]),
+        step(2, 2, 1161),
+        // Evicted at 1165, back at 1300 (learnt with its next token).
+        other(LlmProbe::Token, 1170, [2, 0, 0]),
+        step(3, 1, 1171),
+        at(LlmProbe::RequestPreempted, 1310, 1, 1165),
+        at(LlmProbe::RequestScheduled, 1310, 1, 1300),
+        token(2, 1310),
+        step(4, 1, 1311),
+        at(LlmProbe::RequestEnd, 1311, 3, 0),
+    ];
+    for e in &events {
+        ex.observe(e);
+    }
+    // Chunk 0 is the role chunk, then one chunk per token.
+    let t = timeline(&[1152, 1153, 1162, 1312]);
+    let view = ex.engine_view(&t).expect("marks for chatcmpl-1");
+    assert!(close_ms(view.queue_ms.expect("queue"), 90.0), "{view:?}");
+    assert!(
+        close_ms(view.prefill_ms.expect("prefill"), 49.0),
+        "{view:?}"
+    );
+    assert_eq!(view.batch_fan_in, Some(2), "{view:?}");
+    assert_eq!(view.batch_steps, 3, "steps 1, 2 and 4: {view:?}");
+    assert_eq!(view.preemptions, 1);
+    assert!(close_ms(view.preempted_ms, 135.0), "{view:?}");
+
+    let stalls = ex.explain(&t);
+    let ttft = stalls.iter().find(|s| s.chunk == 0).expect("TTFT is late");
+    // Dated marks: the queue is 1010..1100, not their firing time.
+    assert!(close_ms(ttft.queue_ms, 90.0), "{ttft:?}");
+    assert!(close_ms(ttft.prefill_ms, 49.0), "{ttft:?}");
+    assert!(close_ms(ttft.engine_ms.expect("split"), 150.0), "{ttft:?}");
+    assert!(close_ms(ttft.frontend_ms.expect("split"), 2.0), "{ttft:?}");
+    // The last chunk waited on the preemption: token 2 (chunk 3, behind
+    // the role chunk) is split at its own mark though its index differs.
+    let late = stalls
+        .iter()
+        .find(|s| s.chunk == 3)
+        .expect("chunk 3 is late");
+    assert!(close_ms(late.preempted_ms, 135.0), "{late:?}");
+    assert!(close_ms(late.engine_ms.expect("split"), 148.0), "{late:?}");
+    assert!(close_ms(late.frontend_ms.expect("split"), 2.0), "{late:?}");
+    assert!(close_ms(late.unexplained_ms, 15.0), "{late:?}");
+}
+
+#[test]
+fn a_request_without_engine_marks_has_no_engine_view() {
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    let Event::Usdt(mut u) = usdt(LlmProbe::Token, 1005, [0, 0, 0]) else {
+        unreachable!()
+    };
+    u.request_id = "chatcmpl-other".into();
+    ex.observe(&Event::Usdt(u));
+    assert_eq!(ex.engine_view(&timeline(&[1010])), None);
+}
+
+#[test]
+fn an_at_ns_after_the_firing_is_not_believed() {
+    let mut ex = Explainer::new(30 * MS, 60_000 * MS);
+    // A bogus stamp (later than the probe fired) falls back to the firing.
+    ex.observe(&usdt(LlmProbe::RequestQueued, 1000, [1, 5000 * MS, 0]));
+    ex.observe(&usdt(LlmProbe::RequestScheduled, 1020, [1, 0, 0]));
+    let view = ex.engine_view(&timeline(&[1030])).expect("marks");
+    assert!(close_ms(view.queue_ms.expect("queue"), 20.0), "{view:?}");
+    assert_eq!(view.batch_steps, 0);
+    assert_eq!(view.batch_fan_in, None);
+}

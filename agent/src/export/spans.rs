@@ -401,9 +401,21 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
         ("tokentrace.itl_p95_ms", j.itl_p95_ms),
         ("tokentrace.itl_max_ms", j.itl_max_ms),
         ("tokentrace.tpot_ms", j.tpot_ms),
+        ("tokentrace.queue_ms", j.queue_ms),
+        ("tokentrace.prefill_ms", j.prefill_ms),
+        ("tokentrace.preempted_ms", j.preempted_ms),
     ] {
         if let Some(v) = v {
             a.push(kv_f64(key, v));
+        }
+    }
+    for (key, v) in [
+        ("tokentrace.batch_fan_in", j.batch_fan_in),
+        ("tokentrace.batch_steps", j.batch_steps),
+        ("tokentrace.preemptions", j.preemptions),
+    ] {
+        if let Some(v) = v {
+            a.push(kv_int(key, i64::try_from(v).unwrap_or(i64::MAX)));
         }
     }
     a.push(kv_int(
@@ -452,13 +464,28 @@ fn events(t: &RequestTimeline, clock: &WallClock, settings: &SpanSettings) -> (V
         for (i, w) in t.chunk_ts.windows(2).enumerate() {
             let gap = w[1].saturating_sub(w[0]);
             if gap >= settings.stall_threshold_ns {
-                let attributes = vec![
+                let mut attributes = vec![
                     kv_f64("tokentrace.stall_ms", ms(gap)),
                     kv_int(
                         "tokentrace.chunk_index",
                         i64::try_from(i + 1).unwrap_or(i64::MAX),
                     ),
                 ];
+                // The engine/frontend split of the explainer's stall of
+                // this chunk, when an `llm:token` mark fell inside it.
+                if let Some(stall) = t.stalls.iter().find(|s| s.chunk == i + 1) {
+                    for (key, v) in [
+                        ("tokentrace.engine_ms", stall.engine_ms),
+                        ("tokentrace.frontend_ms", stall.frontend_ms),
+                    ] {
+                        if let Some(v) = v {
+                            attributes.push(kv_f64(key, v));
+                        }
+                    }
+                    if stall.preempted_ms > 0.0 {
+                        attributes.push(kv_f64("tokentrace.preempted_ms", stall.preempted_ms));
+                    }
+                }
                 all.push((
                     w[0],
                     Event {

@@ -244,6 +244,7 @@ fn decode_usdt(record: &[u8]) -> Result<Event, DecodeError> {
         tt_llm_probe::TT_LLM_TOKEN => LlmProbe::Token,
         tt_llm_probe::TT_LLM_REQUEST_END => LlmProbe::RequestEnd,
         tt_llm_probe::TT_LLM_BATCH_STEP => LlmProbe::BatchStep,
+        tt_llm_probe::TT_LLM_REQUEST_PREEMPTED => LlmProbe::RequestPreempted,
         other => {
             return Err(DecodeError::UnknownValue {
                 what: "llm probe",

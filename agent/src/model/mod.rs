@@ -6,11 +6,13 @@
 //! its stalls, and the exporter export firings, without a stage importing
 //! the one that consumes it.
 
+mod engine;
 mod firing;
 pub mod in_flight;
 mod stall;
 pub mod timeline;
 
+pub use engine::EngineView;
 pub use firing::{Firing, TriggerKey};
 pub use in_flight::{OpenRequest, Phase};
 pub use stall::Stall;

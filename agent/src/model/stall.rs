@@ -4,7 +4,7 @@ use serde::Serialize;
 
 /// The cause breakdown of one stalled chunk. Every cause is a disjoint part
 /// of the gap (earlier causes win where they overlap, in field order), so
-/// `queue + prefill + gpu_sync + flow_control + off_cpu + unexplained = gap`. `socket_ms`
+/// `queue + preempted + prefill + gpu_sync + flow_control + off_cpu + unexplained = gap`. `socket_ms`
 /// is the time the chunk's bytes then sat in the socket's send queue: it
 /// comes after the gap, delaying delivery rather than emission.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -16,6 +16,9 @@ pub struct Stall {
     pub gap_ms: f64,
     /// Waiting to be scheduled (`llm:request_queued` → `request_scheduled`).
     pub queue_ms: f64,
+    /// Evicted by the engine (`llm:request_preempted` → its next
+    /// `request_scheduled`): its KV cache was taken for other requests.
+    pub preempted_ms: f64,
     /// Prefill (`llm:prefill_start` → `prefill_end`).
     pub prefill_ms: f64,
     /// Serving threads blocked in CUDA synchronisation calls. GPU time is
@@ -41,4 +44,10 @@ pub struct Stall {
     pub batch_fan_in: Option<u64>,
     /// Kernel launches reported by the syncs in the gap.
     pub gpu_launches: u64,
+    /// With an `llm:token` mark inside the gap: the part before it, while
+    /// the engine made the token (the causes above on that side are the
+    /// engine's threads)...
+    pub engine_ms: Option<f64>,
+    /// ...and the part after it, while the frontend delivered it.
+    pub frontend_ms: Option<f64>,
 }

@@ -170,6 +170,9 @@ pub struct RequestTimeline {
     /// Late chunks and their causes; filled after stitching by the
     /// explainer (empty when nothing was late).
     pub stalls: Vec<super::Stall>,
+    /// The engine's own account of the request (queue, prefill, batching,
+    /// preemption), when it fires the `llm:*` probes; set by the explainer.
+    pub engine: Option<super::EngineView>,
 }
 
 impl RequestTimeline {

@@ -82,6 +82,14 @@ pub struct JsonTimeline<'a> {
     pub flow_control_ms: Option<f64>,
     /// Late chunks with their cause breakdown (see `model::Stall`).
     pub stalls: &'a [crate::model::Stall],
+    /// The engine's account (`llm:*` probes, e.g. vLLM with tokentrace-vllm;
+    /// see `model::EngineView`); null without them.
+    pub queue_ms: Option<f64>,
+    pub prefill_ms: Option<f64>,
+    pub batch_fan_in: Option<u64>,
+    pub batch_steps: Option<u64>,
+    pub preemptions: Option<u64>,
+    pub preempted_ms: Option<f64>,
 }
 
 impl<'a> JsonTimeline<'a> {
@@ -93,6 +101,7 @@ impl<'a> JsonTimeline<'a> {
         let e2e = t.e2e_ns();
         let chunks = t.chunk_ts.len();
         let rpc = t.rpc_service_method();
+        let engine = t.engine.as_ref();
         let tpot = match (ttft, chunks) {
             (Some(ttft), n) if n >= 2 => Some(ms(e2e.saturating_sub(ttft) / (n as u64 - 1))),
             _ => None,
@@ -146,6 +155,12 @@ impl<'a> JsonTimeline<'a> {
             chunks_exact: !t.chunks_inexact,
             flow_control_ms: t.flow_control_ns().map(ms),
             stalls: &t.stalls,
+            queue_ms: engine.and_then(|e| e.queue_ms),
+            prefill_ms: engine.and_then(|e| e.prefill_ms),
+            batch_fan_in: engine.and_then(|e| e.batch_fan_in),
+            batch_steps: engine.map(|e| e.batch_steps),
+            preemptions: engine.map(|e| e.preemptions),
+            preempted_ms: engine.map(|e| e.preempted_ms),
         }
     }
 
@@ -200,5 +215,41 @@ mod tests {
         assert_eq!(v["chunks_exact"], false);
         assert_eq!(v["flow_control_ms"], 0.0);
         assert_eq!(v["chunks"], 2);
+    }
+
+    #[test]
+    fn engine_fields_are_null_without_marks_and_flat_with_them() {
+        let plain = RequestTimeline::default();
+        let v: serde_json::Value =
+            serde_json::from_str(&JsonTimeline::new(&plain).to_line()).expect("json");
+        for key in [
+            "queue_ms",
+            "prefill_ms",
+            "batch_fan_in",
+            "batch_steps",
+            "preemptions",
+            "preempted_ms",
+        ] {
+            assert!(v[key].is_null(), "{key}: {v}");
+        }
+        let vllm = RequestTimeline {
+            engine: Some(crate::model::EngineView {
+                queue_ms: Some(12.5),
+                prefill_ms: Some(3.0),
+                batch_fan_in: Some(4),
+                batch_steps: 16,
+                preemptions: 1,
+                preempted_ms: 40.0,
+            }),
+            ..RequestTimeline::default()
+        };
+        let v: serde_json::Value =
+            serde_json::from_str(&JsonTimeline::new(&vllm).to_line()).expect("json");
+        assert_eq!(v["queue_ms"], 12.5);
+        assert_eq!(v["prefill_ms"], 3.0);
+        assert_eq!(v["batch_fan_in"], 4);
+        assert_eq!(v["batch_steps"], 16);
+        assert_eq!(v["preemptions"], 1);
+        assert_eq!(v["preempted_ms"], 40.0);
     }
 }

@@ -1,6 +1,6 @@
 //! The default output: one readable line per request.
 
-use crate::model::Stall;
+use crate::model::{EngineView, Stall};
 use crate::stitch::{Protocol, RequestTimeline};
 use crate::units::{ms, percentile};
 
@@ -22,6 +22,7 @@ fn main_cause(stall: &Stall) -> String {
     .to_string();
     [
         (stall.queue_ms, "queue".to_string()),
+        (stall.preempted_ms, "preempted".to_string()),
         (stall.prefill_ms, "prefill".to_string()),
         (stall.gpu_sync_ms, "gpu_sync".to_string()),
         (stall.flow_control_ms, "flow_control".to_string()),
@@ -33,6 +34,27 @@ fn main_cause(stall: &Stall) -> String {
     .max_by(|a, b| a.0.total_cmp(&b.0))
     .map(|(_, name)| name)
     .unwrap_or_default()
+}
+
+/// The engine's account: ` queue=1.2ms prefill=3.4ms batch_fan_in=4 preempted=1 (20.0ms)`.
+fn engine_part(e: &EngineView) -> String {
+    let mut part = String::new();
+    if let Some(q) = e.queue_ms {
+        part.push_str(&format!(" queue={q:.1}ms"));
+    }
+    if let Some(p) = e.prefill_ms {
+        part.push_str(&format!(" prefill={p:.1}ms"));
+    }
+    if let Some(n) = e.batch_fan_in {
+        part.push_str(&format!(" batch_fan_in={n}"));
+    }
+    if e.preemptions > 0 {
+        part.push_str(&format!(
+            " preempted={} ({:.1}ms)",
+            e.preemptions, e.preempted_ms
+        ));
+    }
+    part
 }
 
 /// `python3[4242] POST /v1/chat/completions 200 sse ttft=52.1ms itl p50=20.1ms p95=21.3ms max=25.0ms chunks=33 e2e=712.3ms id=chatcmpl-1`
@@ -83,6 +105,9 @@ pub fn text_line(t: &RequestTimeline) -> String {
     if let Some(id) = &t.response_id {
         line.push_str(&format!(" id={id}"));
     }
+    if let Some(engine) = &t.engine {
+        line.push_str(&engine_part(engine));
+    }
     if let Some(worst) = t.stalls.iter().max_by(|a, b| a.gap_ms.total_cmp(&b.gap_ms)) {
         line.push_str(&format!(
             " stalls={} worst=chunk {} {:.1}ms ({})",
@@ -116,6 +141,7 @@ mod tests {
             start_ms: 0.0,
             gap_ms,
             queue_ms: 0.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms,
             flow_control_ms: 0.0,
@@ -126,6 +152,8 @@ mod tests {
             unexplained_ms: 0.0,
             batch_fan_in: None,
             gpu_launches: 0,
+            engine_ms: None,
+            frontend_ms: None,
         };
         let t = RequestTimeline {
             conn: ConnId {
@@ -173,5 +201,28 @@ mod tests {
             "{line}"
         );
         assert!(line.contains("chunks=3"), "{line}");
+
+        let mut preempted = stall(1, 55.0, 0.0, 5.0);
+        preempted.preempted_ms = 45.0;
+        let vllm = RequestTimeline {
+            engine: Some(EngineView {
+                queue_ms: Some(12.0),
+                prefill_ms: Some(3.25),
+                batch_fan_in: Some(4),
+                batch_steps: 2,
+                preemptions: 1,
+                preempted_ms: 45.0,
+            }),
+            stalls: vec![preempted],
+            ..t
+        };
+        let line = text_line(&vllm);
+        assert!(
+            line.ends_with(
+                "id=chatcmpl-9 queue=12.0ms prefill=3.2ms batch_fan_in=4 preempted=1 (45.0ms) \
+                 stalls=1 worst=chunk 1 55.0ms (preempted)"
+            ),
+            "{line}"
+        );
     }
 }

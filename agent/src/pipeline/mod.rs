@@ -68,6 +68,7 @@ impl Pipeline {
     fn explain_pending(&mut self, out: &mut Vec<RequestTimeline>) {
         for mut timeline in self.pending.drain(..) {
             timeline.stalls = self.explainer.explain(&timeline);
+            timeline.engine = self.explainer.engine_view(&timeline);
             out.push(timeline);
         }
     }

@@ -19,7 +19,7 @@ use crate::discover::libraries::Site;
 
 /// The `llm` provider's probe names with the cookie the program reads to
 /// tell them apart.
-pub const LLM_PROBES: [(&str, tt_llm_probe); 8] = [
+pub const LLM_PROBES: [(&str, tt_llm_probe); 9] = [
     ("request_start", tt_llm_probe::TT_LLM_REQUEST_START),
     ("request_queued", tt_llm_probe::TT_LLM_REQUEST_QUEUED),
     ("request_scheduled", tt_llm_probe::TT_LLM_REQUEST_SCHEDULED),
@@ -28,6 +28,7 @@ pub const LLM_PROBES: [(&str, tt_llm_probe); 8] = [
     ("token", tt_llm_probe::TT_LLM_TOKEN),
     ("request_end", tt_llm_probe::TT_LLM_REQUEST_END),
     ("batch_step", tt_llm_probe::TT_LLM_BATCH_STEP),
+    ("request_preempted", tt_llm_probe::TT_LLM_REQUEST_PREEMPTED),
 ];
 
 /// Loaded inference probes; the sched_switch program is attached at load.

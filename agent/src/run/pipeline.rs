@@ -102,6 +102,7 @@ impl Pipeline<'_> {
                 continue;
             }
             timeline.stalls = self.explainer.explain(&timeline);
+            timeline.engine = self.explainer.engine_view(&timeline);
             self.summary.record(&timeline);
             self.exporter.record(&timeline);
             self.judge(&timeline);

@@ -211,6 +211,7 @@ fn causes(stalls: &[Stall]) -> String {
         }
     };
     push(sum(|s| s.queue_ms), "queue".into());
+    push(sum(|s| s.preempted_ms), "preempted (engine)".into());
     push(sum(|s| s.prefill_ms), "prefill".into());
     push(sum(|s| s.gpu_sync_ms), "GPU sync".into());
     push(sum(|s| s.flow_control_ms), "HTTP/2 flow control".into());
@@ -486,6 +487,7 @@ mod tests {
             start_ms: 0.0,
             gap_ms: off_cpu_ms + gpu_sync_ms + 1.0,
             queue_ms: 0.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms,
             flow_control_ms: 0.0,
@@ -496,6 +498,8 @@ mod tests {
             unexplained_ms: 1.0,
             batch_fan_in: None,
             gpu_launches: 0,
+            engine_ms: None,
+            frontend_ms: None,
         };
         let stalls = [
             stall(80.0, 0.0, Some("futex")),

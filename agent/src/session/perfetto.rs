@@ -188,6 +188,7 @@ fn request_events(index: usize, t: &RequestTimeline, clock: &Clock, out: &mut Ve
 pub fn main_cause(stall: &Stall) -> &'static str {
     [
         ("queue", stall.queue_ms),
+        ("preempted", stall.preempted_ms),
         ("prefill", stall.prefill_ms),
         ("GPU sync", stall.gpu_sync_ms),
         ("flow control", stall.flow_control_ms),

@@ -172,6 +172,7 @@ fn llm_probe(p: event::LlmProbe) -> LlmProbe {
         event::LlmProbe::Token => LlmProbe::Token,
         event::LlmProbe::RequestEnd => LlmProbe::RequestEnd,
         event::LlmProbe::BatchStep => LlmProbe::BatchStep,
+        event::LlmProbe::RequestPreempted => LlmProbe::RequestPreempted,
     }
 }
 
@@ -185,6 +186,7 @@ fn from_llm_probe(p: i32) -> Result<event::LlmProbe> {
         Ok(LlmProbe::Token) => event::LlmProbe::Token,
         Ok(LlmProbe::RequestEnd) => event::LlmProbe::RequestEnd,
         Ok(LlmProbe::BatchStep) => event::LlmProbe::BatchStep,
+        Ok(LlmProbe::RequestPreempted) => event::LlmProbe::RequestPreempted,
         Ok(LlmProbe::Unspecified) | Err(_) => bail!("unknown llm probe {p}"),
     })
 }

@@ -87,6 +87,7 @@ enum tt_llm_probe {
 	TT_LLM_TOKEN = 6,
 	TT_LLM_REQUEST_END = 7,
 	TT_LLM_BATCH_STEP = 8,
+	TT_LLM_REQUEST_PREEMPTED = 9,
 };
 
 /* CUDA calls that wait for the GPU (entry and return are probed). */

