@@ -481,6 +481,7 @@ mod family_tests {
             start_ms: 70.0,
             gap_ms: 150.0,
             queue_ms: 50.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms: 100.0,
             flow_control_ms: 0.0,
@@ -491,6 +492,8 @@ mod family_tests {
             unexplained_ms: 0.0,
             batch_fan_in: None,
             gpu_launches: 3,
+            engine_ms: None,
+            frontend_ms: None,
         }];
         m.record("svc", &t);
         let open = OpenRequest {

@@ -60,14 +60,20 @@ pub enum Latency {
     RequestDuration,
     /// Every gap between successive chunks (the per-request mean is TPOT).
     InterToken,
+    /// The engine's queue wait and prefill of a request (`llm:*` probes,
+    /// e.g. vLLM with tokentrace-vllm): where TTFT went inside the engine.
+    EngineQueue,
+    EnginePrefill,
 }
 
 impl Latency {
-    pub const ALL: [Latency; 4] = [
+    pub const ALL: [Latency; 6] = [
         Latency::TimeToFirstToken,
         Latency::TimePerOutputToken,
         Latency::RequestDuration,
         Latency::InterToken,
+        Latency::EngineQueue,
+        Latency::EnginePrefill,
     ];
 
     /// The OTel semantic-convention metric name.
@@ -78,6 +84,8 @@ impl Latency {
             Latency::RequestDuration => "gen_ai.server.request.duration",
             // not (yet) in the GenAI conventions: named like its siblings
             Latency::InterToken => "gen_ai.server.inter_token_latency",
+            Latency::EngineQueue => "tokentrace.engine.queue.duration",
+            Latency::EnginePrefill => "tokentrace.engine.prefill.duration",
         }
     }
 
@@ -95,6 +103,12 @@ impl Latency {
             Latency::InterToken => {
                 "Gap between successive output chunks of a streamed response, every gap"
             }
+            Latency::EngineQueue => {
+                "Time a request waited for the engine's scheduler (llm:request_queued -> request_scheduled)"
+            }
+            Latency::EnginePrefill => {
+                "Time the engine spent on a request's prompt (llm:prefill_start -> prefill_end)"
+            }
         }
     }
 
@@ -104,6 +118,7 @@ impl Latency {
             Latency::TimePerOutputToken => TPOT_BOUNDS,
             Latency::RequestDuration => DURATION_BOUNDS,
             Latency::InterToken => ITL_BOUNDS,
+            Latency::EngineQueue | Latency::EnginePrefill => TTFT_BOUNDS,
         }
     }
 }
@@ -379,6 +394,14 @@ impl Metrics {
         if t.is_stream() {
             for gap in t.itl_ns() {
                 self.observe(Latency::InterToken, &key, secs(gap));
+            }
+        }
+        if let Some(engine) = &t.engine {
+            if let Some(q) = engine.queue_ms {
+                self.observe(Latency::EngineQueue, &key, q / 1e3);
+            }
+            if let Some(p) = engine.prefill_ms {
+                self.observe(Latency::EnginePrefill, &key, p / 1e3);
             }
         }
         let e2e = t.e2e_ns();
@@ -689,6 +712,29 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn the_engines_queue_and_prefill_are_histograms_only_where_it_reported_them() {
+        let mut m = Metrics::new(10, 0);
+        let mut t = crate::export::spans::tests::sse();
+        m.record("svc", &t);
+        t.engine = Some(crate::model::EngineView {
+            queue_ms: Some(250.0),
+            prefill_ms: Some(12.0),
+            ..crate::model::EngineView::default()
+        });
+        m.record("svc", &t);
+        let of = |which: Latency| -> Vec<(u64, f64)> {
+            m.latency
+                .iter()
+                .filter(|((w, _), _)| *w == which)
+                .map(|(_, h)| (h.count, h.sum))
+                .collect()
+        };
+        assert_eq!(of(Latency::EngineQueue), vec![(1, 0.25)]);
+        assert_eq!(of(Latency::EnginePrefill), vec![(1, 0.012)]);
+        assert_eq!(of(Latency::RequestDuration)[0].0, 2);
+    }
+
+    #[test]
     fn every_gap_is_an_itl_sample_and_stall_time_is_counted_by_cause() {
         let mut m = Metrics::new(100, 0);
         let mut t = crate::export::spans::tests::sse();
@@ -699,6 +745,7 @@ pub(crate) mod tests {
             start_ms: 70.0,
             gap_ms: 150.0,
             queue_ms: 0.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms: 0.0,
             flow_control_ms: 0.0,
@@ -709,6 +756,8 @@ pub(crate) mod tests {
             unexplained_ms: 30.0,
             batch_fan_in: None,
             gpu_launches: 0,
+            engine_ms: None,
+            frontend_ms: None,
         }];
         m.record("svc", &t);
         m.record("svc", &t);

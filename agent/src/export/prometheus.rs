@@ -384,6 +384,7 @@ mod tests {
             start_ms: 70.0,
             gap_ms: 150.0,
             queue_ms: 0.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms: 0.0,
             flow_control_ms: 0.0,
@@ -394,6 +395,8 @@ mod tests {
             unexplained_ms: 0.0,
             batch_fan_in: None,
             gpu_launches: 0,
+            engine_ms: None,
+            frontend_ms: None,
         }];
         m.record("s", &t);
         let open = crate::model::OpenRequest {

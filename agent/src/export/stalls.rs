@@ -40,6 +40,7 @@ pub fn causes(stall: &Stall) -> Vec<(StallCause, f64)> {
     let socket = if stall.nagle { "nagle" } else { "socket" };
     let parts = [
         (StallCause::plain("queue"), stall.queue_ms),
+        (StallCause::plain("preempted"), stall.preempted_ms),
         (StallCause::plain("prefill"), stall.prefill_ms),
         (StallCause::plain("gpu_sync"), stall.gpu_sync_ms),
         (StallCause::plain("flow_control"), stall.flow_control_ms),
@@ -82,6 +83,7 @@ mod tests {
             start_ms: 70.0,
             gap_ms: 150.0,
             queue_ms: 0.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms: 20.0,
             flow_control_ms: 0.0,
@@ -92,6 +94,8 @@ mod tests {
             unexplained_ms: 30.0,
             batch_fan_in: None,
             gpu_launches: 0,
+            engine_ms: None,
+            frontend_ms: None,
         }
     }
 
@@ -113,6 +117,10 @@ mod tests {
             ]
         );
         assert_eq!(dominant(&s), "off_cpu");
+        let mut evicted = s.clone();
+        evicted.preempted_ms = 200.0;
+        assert_eq!(causes(&evicted)[0], (StallCause::plain("preempted"), 0.2));
+        assert_eq!(dominant(&evicted), "preempted");
         let mut plain = s;
         plain.nagle = false;
         plain.off_cpu_ms = 0.0;
