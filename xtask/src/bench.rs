@@ -27,7 +27,11 @@
 //! gRPC (`grpc.rs`): a grpcio server-streaming flood over one HTTP/2
 //! connection with and without the agent: ratio and µs per message.
 //!
-//! `--only sse|cuda|tls|untraced|grpc` runs one section. Results go to target/bench/.
+//! vLLM (`vllm.rs`): real vLLM's tokens/s with the tokentrace-vllm plugin,
+//! untraced and traced, against vLLM without it, and the plugin's CPU per
+//! token (needs `cargo xtask vllm-env`; installed on first use).
+//!
+//! `--only sse|cuda|tls|untraced|grpc|vllm` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -45,11 +49,12 @@ mod grpc;
 mod replay;
 mod tls;
 mod untraced;
+mod vllm;
 
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc] | cargo xtask bench replay [...]";
+                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|vllm] | cargo xtask bench replay [...]";
 
 #[derive(Clone, Copy)]
 struct Options {
@@ -63,6 +68,7 @@ struct Options {
     tls: bool,
     untraced: bool,
     grpc: bool,
+    vllm: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -76,6 +82,7 @@ fn parse(args: &[String]) -> Result<Options> {
         tls: true,
         untraced: true,
         grpc: true,
+        vllm: true,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -91,7 +98,8 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.tls = value == "tls";
                 opts.untraced = value == "untraced";
                 opts.grpc = value == "grpc";
-                if !(opts.sse || opts.cuda || opts.tls || opts.untraced || opts.grpc) {
+                opts.vllm = value == "vllm";
+                if !(opts.sse || opts.cuda || opts.tls || opts.untraced || opts.grpc || opts.vllm) {
                     bail!("{USAGE}");
                 }
             }
@@ -284,6 +292,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if opts.grpc {
         grpc::run(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.vllm {
+        vllm::run(&agent_bin, &opts, &mut report)?;
     }
     let dir = util::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;

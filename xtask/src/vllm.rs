@@ -43,7 +43,7 @@ pub fn ensure_env() -> Result<PathBuf> {
 
 /// The plugin package dir, with libllm_usdt.so copied in (from a fresh
 /// `cargo xtask native`) so that the package ships it.
-fn staged_plugin() -> Result<PathBuf> {
+pub fn staged_plugin() -> Result<PathBuf> {
     native::build()?;
     let pkg = util::root().join("instrument/vllm");
     let lib = util::target_dir().join("native/libllm_usdt.so");
