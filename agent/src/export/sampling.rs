@@ -227,6 +227,7 @@ mod tests {
             start_ms: 0.0,
             gap_ms: 40.0,
             queue_ms: 0.0,
+            preempted_ms: 0.0,
             prefill_ms: 0.0,
             gpu_sync_ms: 0.0,
             flow_control_ms: 0.0,
@@ -237,6 +238,8 @@ mod tests {
             unexplained_ms: 40.0,
             batch_fan_in: None,
             gpu_launches: 0,
+            engine_ms: None,
+            frontend_ms: None,
         });
         assert_eq!(s.decide(&t, true, &never), Some(Reason::Stalled));
         t.end = t.request_start + 2_000_000_000;
