@@ -12,8 +12,9 @@ use serde::Deserialize;
 pub const DEFAULT_PROFILE_HZ: u64 = 99;
 
 /// The stall causes `stall_share` can name (the JSON `stalls` fields).
-pub const CAUSES: [&str; 8] = [
+pub const CAUSES: [&str; 9] = [
     "queue",
+    "preempted",
     "prefill",
     "gpu_sync",
     "flow_control",
@@ -79,7 +80,7 @@ pub struct Rule {
     #[serde(default = "default_min_requests")]
     pub min_requests: usize,
     /// `stall_share`: the cause (`gpu_sync`, `off_cpu`, `socket`, `nagle`,
-    /// `queue`, `prefill`, `flow_control`, …; the JSON `stalls` causes).
+    /// `queue`, `preempted`, `prefill`, `flow_control`, …; the JSON `stalls` causes).
     #[serde(default)]
     pub cause: Option<String>,
     /// Only this service / normalised route / model (absent: any).

@@ -13,6 +13,7 @@ use crate::config::{Metric, Rule};
 pub fn cause_ms(stall: &Stall, cause: &str) -> Option<f64> {
     Some(match cause {
         "queue" => stall.queue_ms,
+        "preempted" => stall.preempted_ms,
         "prefill" => stall.prefill_ms,
         "gpu_sync" => stall.gpu_sync_ms,
         "flow_control" => stall.flow_control_ms,
