@@ -233,7 +233,7 @@ impl Config {
                 "capture.ring_buffer_bytes must be a power of two of at least 4096, got {ring}"
             )));
         }
-        self.triggers.validate().map_err(ConfigError::Invalid)?;
+        self.triggers.validate()?;
         if self.capture.poll_interval.is_zero() {
             return Err(ConfigError::Invalid(
                 "capture.poll_interval must be above zero".into(),

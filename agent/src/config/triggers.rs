@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::ConfigError;
+
 /// CPU sampling of recording sessions (`record --profile-hz`, triggered
 /// sessions): 99 Hz, off the 100 Hz timer tick so samples do not alias it.
 pub const DEFAULT_PROFILE_HZ: u64 = 99;
@@ -149,45 +151,45 @@ impl Default for TriggersConfig {
 
 impl TriggersConfig {
     /// Values serde cannot check alone, with the fix in the message.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), ConfigError> {
         for rule in &self.rules {
             let name = &rule.name;
             if rule.metric.is_latency() && !(rule.percentile > 0.0 && rule.percentile <= 100.0) {
-                return Err(format!(
+                return Err(ConfigError::Invalid(format!(
                     "triggers: rule {name:?}: percentile {} is not in (0, 100]",
                     rule.percentile
-                ));
+                )));
             }
             if !rule.metric.is_latency() && !(0.0..1.0).contains(&rule.above) {
-                return Err(format!(
+                return Err(ConfigError::Invalid(format!(
                     "triggers: rule {name:?}: {} is a share: `above` must be in [0, 1), not {}",
                     rule.metric.as_str(),
                     rule.above
-                ));
+                )));
             }
             if (rule.metric == Metric::StallShare) != rule.cause.is_some() {
-                return Err(format!(
+                return Err(ConfigError::Invalid(format!(
                     "triggers: rule {name:?}: `cause` goes with metric stall_share, and only with it"
-                ));
+                )));
             }
             if let Some(cause) = rule.cause.as_deref() {
                 if !CAUSES.contains(&cause) {
-                    return Err(format!(
+                    return Err(ConfigError::Invalid(format!(
                         "triggers: rule {name:?}: unknown cause {cause:?} (one of {})",
                         CAUSES.join(", ")
-                    ));
+                    )));
                 }
             }
             if rule.window.is_zero() || rule.min_requests == 0 {
-                return Err(format!(
+                return Err(ConfigError::Invalid(format!(
                     "triggers: rule {name:?}: window and min_requests must be above zero"
-                ));
+                )));
             }
         }
         if !self.rules.is_empty() && self.after.is_zero() && self.before.is_zero() {
-            return Err(
+            return Err(ConfigError::Invalid(
                 "triggers: before and after are both zero: a session would be empty".into(),
-            );
+            ));
         }
         Ok(())
     }

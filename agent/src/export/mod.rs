@@ -25,6 +25,7 @@
 mod clock;
 mod context;
 mod encode;
+mod error;
 pub mod health;
 mod heap;
 mod metrics;
@@ -52,6 +53,7 @@ use tokio::task::JoinHandle;
 
 pub use clock::WallClock;
 pub use context::{IdGenerator, RemoteParent};
+pub use error::ExportError;
 pub use metrics::AgentCounters;
 pub use otlp::Protocol;
 pub use route::normalise as normalise_route;
@@ -212,7 +214,7 @@ impl Exporter {
     /// Starts the export tasks on the current runtime. Fails when the
     /// Prometheus address cannot be bound or an endpoint is malformed;
     /// a backend that is down is not an error (spans wait, then drop).
-    pub async fn start(settings: ExportSettings) -> Result<Self, String> {
+    pub async fn start(settings: ExportSettings) -> Result<Self, ExportError> {
         if settings.is_disabled() {
             return Ok(Self::disabled());
         }
@@ -228,7 +230,7 @@ impl Exporter {
             Some(addr) => {
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
-                    .map_err(|err| format!("--metrics-addr {addr}: cannot listen: {err}"))?;
+                    .map_err(|source| ExportError::Listen { addr, source })?;
                 targets.push(format!("prometheus http://{addr}/metrics"));
                 Some(tokio::spawn(prometheus::serve(
                     listener,

@@ -34,6 +34,9 @@ use prost::Message;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
+use super::error::ExportError;
+use super::resource::AttributeError;
+
 /// Most bytes of an HTTP response body read (it only carries a
 /// partial-success message).
 const MAX_RESPONSE_BYTES: usize = 64 * 1024;
@@ -51,16 +54,23 @@ pub enum Protocol {
     HttpProtobuf,
 }
 
+/// An `OTEL_EXPORTER_OTLP_*PROTOCOL` value this build cannot send with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("OTLP http/json is not supported: use grpc or http/protobuf")]
+    Json,
+    #[error("unknown OTLP protocol {0:?}: use grpc or http/protobuf")]
+    Unknown(String),
+}
+
 impl Protocol {
     /// Parses the `OTEL_EXPORTER_OTLP_*PROTOCOL` values.
-    pub fn from_env_value(value: &str) -> Result<Self, String> {
+    pub fn from_env_value(value: &str) -> Result<Self, ProtocolError> {
         match value.trim() {
             "grpc" => Ok(Protocol::Grpc),
             "http/protobuf" | "http" => Ok(Protocol::HttpProtobuf),
-            "http/json" => Err("OTLP http/json is not supported: use grpc or http/protobuf".into()),
-            other => Err(format!(
-                "unknown OTLP protocol {other:?}: use grpc or http/protobuf"
-            )),
+            "http/json" => Err(ProtocolError::Json),
+            other => Err(ProtocolError::Unknown(other.to_string())),
         }
     }
 }
@@ -143,11 +153,14 @@ impl fmt::Debug for OtlpClient {
 impl OtlpClient {
     /// Prepares the client; connects on first use. Must run inside the
     /// tokio runtime (the gRPC channel spawns its connection task there).
-    pub fn new(target: &Target) -> Result<Self, String> {
+    pub fn new(target: &Target) -> Result<Self, ExportError> {
         let transport = match target.protocol {
             Protocol::Grpc => {
                 let endpoint = Endpoint::from_shared(target.url.clone())
-                    .map_err(|err| format!("invalid OTLP gRPC endpoint {:?}: {err}", target.url))?
+                    .map_err(|source| ExportError::GrpcEndpoint {
+                        url: target.url.clone(),
+                        source,
+                    })?
                     .connect_timeout(target.timeout)
                     .timeout(target.timeout)
                     .tcp_nodelay(true);
@@ -160,7 +173,10 @@ impl OtlpClient {
                 let uri: Uri = target
                     .url
                     .parse()
-                    .map_err(|err| format!("invalid OTLP HTTP endpoint {:?}: {err}", target.url))?;
+                    .map_err(|source| ExportError::HttpEndpoint {
+                        url: target.url.clone(),
+                        source,
+                    })?;
                 let mut connector = HttpConnector::new();
                 connector.set_connect_timeout(Some(target.timeout));
                 connector.set_nodelay(true);
@@ -324,9 +340,21 @@ fn grpc_error(status: tonic::Status) -> SendError {
     }
 }
 
+/// A header list entry that is not a valid HTTP header. The value itself
+/// is never shown: it may be a credential.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeaderError {
+    #[error(transparent)]
+    Entry(#[from] AttributeError),
+    #[error("{0:?} is not a valid header name")]
+    Name(String),
+    #[error("the value of header {0} is not valid")]
+    Value(HeaderName),
+}
+
 /// Parses `OTEL_EXPORTER_OTLP_*HEADERS` (`k=v,k2=v2`, values
 /// percent-decoded) into validated HTTP headers.
-pub fn parse_headers(s: &str) -> Result<HeaderMap, String> {
+pub fn parse_headers(s: &str) -> Result<HeaderMap, HeaderError> {
     let mut headers = HeaderMap::new();
     for (k, v) in super::resource::parse_resource_attributes(s)? {
         insert_header(&mut headers, &k, &v)?;
@@ -335,11 +363,10 @@ pub fn parse_headers(s: &str) -> Result<HeaderMap, String> {
 }
 
 /// Adds one header, validating name and value.
-pub fn insert_header(headers: &mut HeaderMap, name: &str, value: &str) -> Result<(), String> {
+pub fn insert_header(headers: &mut HeaderMap, name: &str, value: &str) -> Result<(), HeaderError> {
     let name = HeaderName::from_bytes(name.trim().to_ascii_lowercase().as_bytes())
-        .map_err(|_| format!("{name:?} is not a valid header name"))?;
-    let value = HeaderValue::from_str(value)
-        .map_err(|_| format!("the value of header {name} is not valid"))?;
+        .map_err(|_| HeaderError::Name(name.to_string()))?;
+    let value = HeaderValue::from_str(value).map_err(|_| HeaderError::Value(name.clone()))?;
     headers.append(name, value);
     Ok(())
 }
@@ -402,6 +429,7 @@ mod tests {
         );
         assert!(Protocol::from_env_value("http/json")
             .expect_err("unsupported")
+            .to_string()
             .contains("not supported"));
         let h = parse_headers("Authorization=Bearer%20abc,x-tenant=a").expect("valid");
         assert_eq!(

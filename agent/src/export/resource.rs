@@ -291,20 +291,32 @@ impl ResourceCache {
     }
 }
 
+/// An entry of a `key=value,...` list that does not parse; it names the
+/// entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttributeError {
+    #[error("{0:?} is not key=value")]
+    NotKeyValue(String),
+    #[error("{0:?} has an empty key")]
+    EmptyKey(String),
+    #[error("{0:?} has a bad %-escape")]
+    BadEscape(String),
+}
+
 /// Parses `OTEL_RESOURCE_ATTRIBUTES` (`key1=value1,key2=value2`, values
 /// percent-decoded). Errors name the offending entry.
-pub fn parse_resource_attributes(s: &str) -> Result<Vec<(String, String)>, String> {
+pub fn parse_resource_attributes(s: &str) -> Result<Vec<(String, String)>, AttributeError> {
     let mut out = Vec::new();
     for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (k, v) = entry
             .split_once('=')
-            .ok_or_else(|| format!("{entry:?} is not key=value"))?;
+            .ok_or_else(|| AttributeError::NotKeyValue(entry.to_string()))?;
         let key = k.trim();
         if key.is_empty() {
-            return Err(format!("{entry:?} has an empty key"));
+            return Err(AttributeError::EmptyKey(entry.to_string()));
         }
         let value =
-            percent_decode(v.trim()).ok_or_else(|| format!("{entry:?} has a bad %-escape"))?;
+            percent_decode(v.trim()).ok_or_else(|| AttributeError::BadEscape(entry.to_string()))?;
         out.push((key.to_string(), value));
     }
     Ok(out)
@@ -567,6 +579,7 @@ mod tests {
         );
         assert!(parse_resource_attributes("novalue")
             .expect_err("no =")
+            .to_string()
             .contains("novalue"));
         assert!(parse_resource_attributes("=v").is_err());
         assert!(parse_resource_attributes("k=%zz").is_err());

@@ -21,6 +21,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use super::error::ExportError;
 use crate::stitch::{AbortReason, RequestTimeline};
 
 /// The span attribute that says why a request's spans were kept.
@@ -114,12 +115,9 @@ const RANDOM_BITS: u32 = 56;
 
 impl Sampling {
     /// Validates the config: a base rate outside 0..=1 is an error.
-    pub fn new(c: &SamplingConfig) -> Result<Self, String> {
+    pub fn new(c: &SamplingConfig) -> Result<Self, ExportError> {
         if !(0.0..=1.0).contains(&c.base_rate) {
-            return Err(format!(
-                "export.sampling.base_rate must be between 0 and 1, got {}",
-                c.base_rate
-            ));
+            return Err(ExportError::SamplingRate(c.base_rate));
         }
         let ns = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
         let full = 1u64 << RANDOM_BITS;
@@ -273,7 +271,10 @@ mod tests {
         // mean 1000, sd ~31.5: 5 sd either side
         assert!((843..=1157).contains(&kept), "{kept} of {n} kept at 1 %");
         let all = Sampling::keep_all();
-        assert_eq!(Sampling::new(&SamplingConfig::default()).as_ref(), Ok(&all));
+        assert_eq!(
+            Sampling::new(&SamplingConfig::default()).expect("valid"),
+            all
+        );
         assert!((0..1000).all(|_| all.decide(&t, false, &ids.trace_id()).is_some()));
         let none = Sampling::new(&SamplingConfig {
             base_rate: 0.0,
@@ -292,7 +293,7 @@ mod tests {
             });
             assert!(
                 err.as_ref()
-                    .is_err_and(|e| e.contains("export.sampling.base_rate")),
+                    .is_err_and(|e| e.to_string().contains("export.sampling.base_rate")),
                 "{rate}: {err:?}"
             );
         }

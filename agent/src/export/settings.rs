@@ -14,6 +14,7 @@ use std::time::Duration;
 use hyper::http::HeaderMap;
 use serde::Deserialize;
 
+use super::error::ExportError;
 use super::otlp::{insert_header, parse_headers, Protocol, Target};
 use super::resource::{host_name, parse_resource_attributes, ResourceRules};
 use super::retry::RetryPolicy;
@@ -206,18 +207,21 @@ impl Signal {
 }
 
 /// `host:4317` → `http://host:4317`; https is refused (see `otlp`).
-fn normalise_url(url: &str, origin: &str) -> Result<String, String> {
+fn normalise_url(url: &str, origin: &str) -> Result<String, ExportError> {
     let url = url.trim();
     if url.starts_with("https://") {
-        return Err(format!(
-            "{origin}: {url:?} uses https, but this build of tokentrace sends OTLP in plaintext only; \
-             send to a collector on the node (http://) and let it forward over TLS"
-        ));
+        return Err(ExportError::Https {
+            setting: origin.to_string(),
+            url: url.to_string(),
+        });
     }
     if url.starts_with("http://") {
         Ok(url.to_string())
     } else if url.contains("://") {
-        Err(format!("{origin}: {url:?} is not an http:// URL"))
+        Err(ExportError::NotHttp {
+            setting: origin.to_string(),
+            url: url.to_string(),
+        })
     } else {
         Ok(format!("http://{url}"))
     }
@@ -232,13 +236,16 @@ fn append_path(base: &str, path: &str) -> String {
 fn env_duration_ms(
     env: &dyn Fn(&str) -> Option<String>,
     key: &str,
-) -> Result<Option<Duration>, String> {
+) -> Result<Option<Duration>, ExportError> {
     env(key)
         .map(|v| {
             v.trim()
                 .parse::<u64>()
                 .map(Duration::from_millis)
-                .map_err(|_| format!("{key}={v:?} is not a number of milliseconds"))
+                .map_err(|_| ExportError::NotMillis {
+                    var: key.to_string(),
+                    value: v,
+                })
         })
         .transpose()
 }
@@ -248,7 +255,7 @@ fn resolve_target(
     args: &ExportArgs,
     env: &dyn Fn(&str) -> Option<String>,
     signal: Signal,
-) -> Result<Option<Target>, String> {
+) -> Result<Option<Target>, ExportError> {
     let s = signal.env();
     let enabled = match signal {
         Signal::Traces => config.otlp.traces,
@@ -274,7 +281,8 @@ fn resolve_target(
                 env("OTEL_EXPORTER_OTLP_PROTOCOL")
                     .map(|v| ("OTEL_EXPORTER_OTLP_PROTOCOL".to_string(), v))
             }) {
-            Some((var, v)) => Protocol::from_env_value(&v).map_err(|e| format!("{var}: {e}"))?,
+            Some((var, v)) => Protocol::from_env_value(&v)
+                .map_err(|source| ExportError::Protocol { var, source })?,
             None => Protocol::HttpProtobuf,
         },
     };
@@ -304,7 +312,11 @@ fn resolve_target(
         format!("OTEL_EXPORTER_OTLP_{s}_HEADERS"),
     ] {
         if let Some(v) = env(&var) {
-            for (name, value) in parse_headers(&v).map_err(|e| format!("{var}: {e}"))? {
+            let parsed = parse_headers(&v).map_err(|source| ExportError::Headers {
+                setting: var.clone(),
+                source,
+            })?;
+            for (name, value) in parsed {
                 if let Some(name) = name {
                     headers.insert(name, value);
                 }
@@ -313,7 +325,10 @@ fn resolve_target(
     }
     for (k, v) in &config.otlp.headers {
         headers.remove(k.to_ascii_lowercase().as_str());
-        insert_header(&mut headers, k, v).map_err(|e| format!("export.otlp.headers: {e}"))?;
+        insert_header(&mut headers, k, v).map_err(|source| ExportError::Headers {
+            setting: "export.otlp.headers".to_string(),
+            source,
+        })?;
     }
 
     let timeout = match config.otlp.timeout {
@@ -323,7 +338,7 @@ fn resolve_target(
             .unwrap_or(DEFAULT_TIMEOUT),
     };
     if timeout.is_zero() {
-        return Err("the OTLP timeout must be above zero".into());
+        return Err(ExportError::ZeroTimeout);
     }
     for var in [
         "OTEL_EXPORTER_OTLP_COMPRESSION".to_string(),
@@ -347,7 +362,7 @@ pub fn resolve(
     config: &ExportConfig,
     args: &ExportArgs,
     env: &dyn Fn(&str) -> Option<String>,
-) -> Result<ExportSettings, String> {
+) -> Result<ExportSettings, ExportError> {
     let sdk_disabled =
         env("OTEL_SDK_DISABLED").is_some_and(|v| v.trim().eq_ignore_ascii_case("true"));
     let (traces, metrics) = if sdk_disabled {
@@ -361,9 +376,7 @@ pub fn resolve(
 
     let mut attributes: BTreeMap<String, String> = BTreeMap::new();
     if let Some(v) = env("OTEL_RESOURCE_ATTRIBUTES") {
-        attributes.extend(
-            parse_resource_attributes(&v).map_err(|e| format!("OTEL_RESOURCE_ATTRIBUTES: {e}"))?,
-        );
+        attributes.extend(parse_resource_attributes(&v).map_err(ExportError::ResourceAttributes)?);
     }
     attributes.extend(config.resource_attributes.clone());
     let service_name = args
@@ -379,7 +392,7 @@ pub fn resolve(
             env_duration_ms(env, "OTEL_METRIC_EXPORT_INTERVAL")?.unwrap_or(DEFAULT_METRICS_INTERVAL)
         }
     };
-    for (what, zero) in [
+    for (setting, zero) in [
         (
             "export.metrics_interval (OTEL_METRIC_EXPORT_INTERVAL)",
             metrics_interval.is_zero(),
@@ -393,7 +406,7 @@ pub fn resolve(
         ),
     ] {
         if zero {
-            return Err(format!("{what} must be above zero"));
+            return Err(ExportError::Zero { setting });
         }
     }
     Ok(ExportSettings {
@@ -444,7 +457,7 @@ mod tests {
         config: &ExportConfig,
         args: &ExportArgs,
         env: &[(&str, &str)],
-    ) -> Result<ExportSettings, String> {
+    ) -> Result<ExportSettings, ExportError> {
         resolve(config, args, &env_of(env))
     }
 
@@ -583,7 +596,9 @@ mod tests {
             Sampling::keep_all()
         );
         let bad: ExportConfig = serde_yaml::from_str("sampling: {base_rate: 2}").expect("yaml");
-        let err = resolve_with(&bad, &ExportArgs::default(), &[]).expect_err("invalid");
+        let err = resolve_with(&bad, &ExportArgs::default(), &[])
+            .expect_err("invalid")
+            .to_string();
         assert!(err.contains("export.sampling.base_rate"), "{err}");
     }
 
@@ -609,6 +624,7 @@ mod tests {
         let err = |env: &[(&str, &str)]| {
             resolve_with(&ExportConfig::default(), &ExportArgs::default(), env)
                 .expect_err("invalid")
+                .to_string()
         };
         assert!(err(&[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://c:4318")])
             .contains("OTEL_EXPORTER_OTLP_ENDPOINT"));

@@ -32,21 +32,30 @@ pub struct LabelSelector {
 #[error("--k8s-selector {selector:?}: {reason} (use key=value, key!=value, key or !key, joined by commas)")]
 pub struct SelectorError {
     selector: String,
-    reason: String,
+    reason: Reason,
+}
+
+/// What is wrong with one term of a selector.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Reason {
+    #[error("{0:?}: set-based requirements (in, notin) are not supported")]
+    SetBased(String),
+    #[error("{0:?} is not a label key")]
+    Key(String),
+    #[error("{0:?} is not a label value")]
+    Value(String),
 }
 
 impl LabelSelector {
     pub fn parse(s: &str) -> Result<Self, SelectorError> {
-        let err = |reason: String| SelectorError {
+        let err = |reason: Reason| SelectorError {
             selector: s.to_string(),
             reason,
         };
         let mut requirements = Vec::new();
         for term in s.split(',').map(str::trim).filter(|t| !t.is_empty()) {
             if term.contains(['(', ')']) || term.split_whitespace().count() > 1 {
-                return Err(err(format!(
-                    "{term:?}: set-based requirements (in, notin) are not supported"
-                )));
+                return Err(err(Reason::SetBased(term.to_string())));
             }
             let requirement = if let Some((k, v)) = term.split_once("!=") {
                 Requirement::NotEquals(key(k).map_err(&err)?, value(v).map_err(&err)?)
@@ -76,7 +85,7 @@ impl LabelSelector {
     }
 }
 
-fn key(k: &str) -> Result<String, String> {
+fn key(k: &str) -> Result<String, Reason> {
     let k = k.trim();
     let valid = !k.is_empty()
         && k.bytes()
@@ -84,11 +93,11 @@ fn key(k: &str) -> Result<String, String> {
     if valid {
         Ok(k.to_string())
     } else {
-        Err(format!("{k:?} is not a label key"))
+        Err(Reason::Key(k.to_string()))
     }
 }
 
-fn value(v: &str) -> Result<String, String> {
+fn value(v: &str) -> Result<String, Reason> {
     let v = v.trim();
     let valid = v
         .bytes()
@@ -96,7 +105,7 @@ fn value(v: &str) -> Result<String, String> {
     if valid {
         Ok(v.to_string())
     } else {
-        Err(format!("{v:?} is not a label value"))
+        Err(Reason::Value(v.to_string()))
     }
 }
 

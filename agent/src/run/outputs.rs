@@ -33,9 +33,8 @@ impl Outputs {
         hooks: &mut RunHooks,
     ) -> Result<Self> {
         let export =
-            crate::export::resolve(&config.export, &args.export, &|k| std::env::var(k).ok())
-                .map_err(anyhow::Error::msg)?;
-        let mut exporter = Exporter::start(export).await.map_err(anyhow::Error::msg)?;
+            crate::export::resolve(&config.export, &args.export, &|k| std::env::var(k).ok())?;
+        let mut exporter = Exporter::start(export).await?;
         // Pod metadata and scope: silently off outside a cluster.
         let kubernetes = crate::k8s::start(&config.kubernetes, &args.k8s).await?;
         if let Some(metadata) = &kubernetes.metadata {
