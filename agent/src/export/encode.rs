@@ -481,19 +481,9 @@ mod family_tests {
             start_ms: 70.0,
             gap_ms: 150.0,
             queue_ms: 50.0,
-            preempted_ms: 0.0,
-            prefill_ms: 0.0,
             gpu_sync_ms: 100.0,
-            flow_control_ms: 0.0,
-            off_cpu_ms: 0.0,
-            off_cpu_reason: None,
-            socket_ms: 0.0,
-            nagle: false,
-            unexplained_ms: 0.0,
-            batch_fan_in: None,
             gpu_launches: 3,
-            engine_ms: None,
-            frontend_ms: None,
+            ..crate::model::Stall::default()
         }];
         m.record("svc", &t);
         let open = OpenRequest {

@@ -383,20 +383,9 @@ mod tests {
             chunk: 3,
             start_ms: 70.0,
             gap_ms: 150.0,
-            queue_ms: 0.0,
-            preempted_ms: 0.0,
-            prefill_ms: 0.0,
-            gpu_sync_ms: 0.0,
-            flow_control_ms: 0.0,
             off_cpu_ms: 150.0,
             off_cpu_reason: Some("sleep".into()),
-            socket_ms: 0.0,
-            nagle: false,
-            unexplained_ms: 0.0,
-            batch_fan_in: None,
-            gpu_launches: 0,
-            engine_ms: None,
-            frontend_ms: None,
+            ..crate::model::Stall::default()
         }];
         m.record("s", &t);
         let open = crate::model::OpenRequest {

@@ -222,22 +222,9 @@ mod tests {
         assert_eq!(s.decide(&t, false, &[0; 16]), Some(Reason::Base));
         t.stalls.push(crate::model::Stall {
             chunk: 1,
-            start_ms: 0.0,
             gap_ms: 40.0,
-            queue_ms: 0.0,
-            preempted_ms: 0.0,
-            prefill_ms: 0.0,
-            gpu_sync_ms: 0.0,
-            flow_control_ms: 0.0,
-            off_cpu_ms: 0.0,
-            off_cpu_reason: None,
-            socket_ms: 0.0,
-            nagle: false,
             unexplained_ms: 40.0,
-            batch_fan_in: None,
-            gpu_launches: 0,
-            engine_ms: None,
-            frontend_ms: None,
+            ..crate::model::Stall::default()
         });
         assert_eq!(s.decide(&t, true, &never), Some(Reason::Stalled));
         t.end = t.request_start + 2_000_000_000;

@@ -82,20 +82,13 @@ mod tests {
             chunk: 3,
             start_ms: 70.0,
             gap_ms: 150.0,
-            queue_ms: 0.0,
-            preempted_ms: 0.0,
-            prefill_ms: 0.0,
             gpu_sync_ms: 20.0,
-            flow_control_ms: 0.0,
             off_cpu_ms: 100.0,
             off_cpu_reason: Some("futex".into()),
             socket_ms: 4.0,
             nagle: true,
             unexplained_ms: 30.0,
-            batch_fan_in: None,
-            gpu_launches: 0,
-            engine_ms: None,
-            frontend_ms: None,
+            ..Stall::default()
         }
     }
 

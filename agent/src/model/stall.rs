@@ -7,7 +7,7 @@ use serde::Serialize;
 /// `queue + preempted + prefill + gpu_sync + flow_control + off_cpu + unexplained = gap`. `socket_ms`
 /// is the time the chunk's bytes then sat in the socket's send queue: it
 /// comes after the gap, delaying delivery rather than emission.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Stall {
     /// Index of the late chunk (0: the first token, whose gap is TTFT).
     pub chunk: usize,

@@ -138,22 +138,11 @@ mod tests {
     fn line_names_the_worst_stall_and_its_main_cause() {
         let stall = |chunk, gap_ms, gpu_sync_ms, off_cpu_ms| Stall {
             chunk,
-            start_ms: 0.0,
             gap_ms,
-            queue_ms: 0.0,
-            preempted_ms: 0.0,
-            prefill_ms: 0.0,
             gpu_sync_ms,
-            flow_control_ms: 0.0,
             off_cpu_ms,
             off_cpu_reason: Some("sleep".into()),
-            socket_ms: 0.0,
-            nagle: false,
-            unexplained_ms: 0.0,
-            batch_fan_in: None,
-            gpu_launches: 0,
-            engine_ms: None,
-            frontend_ms: None,
+            ..Stall::default()
         };
         let t = RequestTimeline {
             conn: ConnId {

@@ -484,22 +484,12 @@ mod tests {
     fn stall_causes_are_summed_largest_first() {
         let stall = |off_cpu_ms: f64, gpu_sync_ms: f64, reason: Option<&str>| Stall {
             chunk: 1,
-            start_ms: 0.0,
             gap_ms: off_cpu_ms + gpu_sync_ms + 1.0,
-            queue_ms: 0.0,
-            preempted_ms: 0.0,
-            prefill_ms: 0.0,
             gpu_sync_ms,
-            flow_control_ms: 0.0,
             off_cpu_ms,
             off_cpu_reason: reason.map(str::to_string),
-            socket_ms: 0.0,
-            nagle: false,
             unexplained_ms: 1.0,
-            batch_fan_in: None,
-            gpu_launches: 0,
-            engine_ms: None,
-            frontend_ms: None,
+            ..Stall::default()
         };
         let stalls = [
             stall(80.0, 0.0, Some("futex")),
