@@ -308,6 +308,32 @@ fn stitch_h2(client: &[u8], server: &[u8], splits: &[usize], cap: usize) -> Vec<
     out
 }
 
+fn is_parse_error(t: &RequestTimeline) -> bool {
+    t.aborted && t.abort_reason == Some(crate::model::AbortReason::ParseError)
+}
+
+/// Found by fuzz_http2_frames_hpack_grpc_streams (one client byte
+/// overwritten with `1`, in the preface): the connection is not HTTP/2, and
+/// its `PRI * HTTP/2.0` line comes out as one HTTP/1.1 parse error, not as
+/// a stream nor as a request.
+#[test]
+fn regression_a_corrupted_client_preface_is_one_parse_error() {
+    let (mut client, server) = seeds::h2_connections()[0].clone();
+    mutate_bytes(
+        &mut client,
+        &[Mutation {
+            at: 1_830_283_471,
+            op: 0,
+            byte: 49,
+        }],
+    );
+    let out = stitch_h2(&client, &server, &[], usize::MAX);
+    assert!(!out.is_empty(), "the bytes vanished");
+    for t in &out {
+        assert!(t.flow_control_ns().is_some() || is_parse_error(t), "{t:#?}");
+    }
+}
+
 #[test]
 fn fuzz_http2_frames_hpack_grpc_streams() {
     let seeds = seeds::h2_connections();
@@ -338,7 +364,12 @@ fn fuzz_http2_frames_hpack_grpc_streams() {
             for t in stitch_h2(&client, &server, &splits, cap) {
                 assert!(t.chunk_ts.windows(2).all(|w| w[0] <= w[1]), "{t:#?}");
                 assert!(t.end >= t.request_start || t.aborted, "{t:#?}");
-                assert!(t.flow_control_ns().is_some(), "an HTTP/2 stream: {t:#?}");
+                // A mutated client preface is not HTTP/2 any more: then the
+                // connection may only yield its bytes' parse error.
+                assert!(
+                    t.flow_control_ns().is_some() || is_parse_error(&t),
+                    "an HTTP/2 stream or a parse error: {t:#?}"
+                );
             }
         },
     );
