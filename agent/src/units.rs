@@ -3,6 +3,8 @@
 //! every stage so none has to import from another stage or from the
 //! command that wires them.
 
+use std::time::Duration;
+
 use crate::event::MonoNs;
 
 /// The kernel's CLOCK_MONOTONIC, the clock of every event timestamp.
@@ -14,6 +16,12 @@ pub fn monotonic_now() -> MonoNs {
     // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// A duration in nanoseconds, saturating at `u64::MAX` (about 584 years:
+/// only a configured "forever" gets there).
+pub fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// Milliseconds from nanoseconds, rounded to microseconds for stable output.

@@ -202,7 +202,7 @@ impl fmt::Display for ExportSummary {
 fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .map_or(0, crate::units::nanos)
 }
 
 impl Exporter {

@@ -119,7 +119,7 @@ impl Sampling {
         if !(0.0..=1.0).contains(&c.base_rate) {
             return Err(ExportError::SamplingRate(c.base_rate));
         }
-        let ns = |d: Option<Duration>| d.map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX));
+        let ns = |d: Option<Duration>| d.map(crate::units::nanos);
         let full = 1u64 << RANDOM_BITS;
         Ok(Self {
             // exact for 1.0: every id is below 2^56

@@ -424,8 +424,7 @@ pub fn resolve(
             max_elapsed: config.retry.max_elapsed,
         },
         spans: SpanSettings {
-            stall_threshold_ns: u64::try_from(config.stall_threshold.as_nanos())
-                .unwrap_or(u64::MAX),
+            stall_threshold_ns: crate::units::nanos(config.stall_threshold),
             chunk_events: config.chunk_events,
             max_events: config.max_span_events,
         },

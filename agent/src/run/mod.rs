@@ -31,7 +31,7 @@ use crate::output::RunSummary;
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
 use crate::session::SessionHub;
 use crate::stitch::Stitcher;
-use crate::units::monotonic_now;
+use crate::units::{monotonic_now, nanos};
 
 use outputs::Outputs;
 use pipeline::{Pipeline, Printer, Stop};
@@ -120,8 +120,7 @@ fn start_ingest(
             wakeup_bytes: config.capture.wakeup_bytes,
             ring_buffer_bytes: config.capture.ring_buffer_bytes,
             agent_pid: std::process::id(),
-            min_interval_ns: u64::try_from(config.explain.min_interval.as_nanos())
-                .unwrap_or(u64::MAX),
+            min_interval_ns: nanos(config.explain.min_interval),
             report_all_execs: selector.exe.is_some() || selector.comm.is_some(),
             report_listens: selector.is_automatic() || !selector.ports.is_empty(),
         },
@@ -200,8 +199,8 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         summary: RunSummary::default(),
         probed,
         explainer: Explainer::new(
-            u64::try_from(config.explain.stall_threshold.as_nanos()).unwrap_or(u64::MAX),
-            u64::try_from(config.explain.history.as_nanos()).unwrap_or(u64::MAX),
+            nanos(config.explain.stall_threshold),
+            nanos(config.explain.history),
         ),
         exporter: outputs.exporter,
         request_limit: args.requests,
@@ -210,7 +209,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         triggers: outputs.triggers,
         quiet: hooks.quiet,
     };
-    let idle_ns = u64::try_from(config.stitch.idle_timeout.as_nanos()).unwrap_or(u64::MAX);
+    let idle_ns = nanos(config.stitch.idle_timeout);
     let stop = event_loop(&mut pipeline, &mut events_rx, args.duration, idle_ns).await?;
     if matches!(stop, Stop::Duration | Stop::Signal) {
         drain(&mut pipeline, &mut events_rx).await;

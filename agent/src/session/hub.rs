@@ -34,7 +34,7 @@ use crate::discover::{procfs, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
 use crate::export::WallClock;
 use crate::stitch::StitchConfig;
-use crate::units::monotonic_now;
+use crate::units::{monotonic_now, nanos};
 
 /// Sessions running at once.
 pub const MAX_RUNNING: usize = 4;
@@ -567,10 +567,6 @@ fn prune(sessions: &mut Vec<Entry>) {
     });
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// The pid an event belongs to.
 fn event_pid(event: &Event) -> u32 {
     match event {
@@ -835,10 +831,8 @@ impl Job {
             }
         }
         let mut ttfts: Vec<u64> = Vec::new();
-        let deadline = request
-            .duration
-            .map(|d| started.saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)));
-        let tick_ns = u64::try_from(TICK.as_nanos()).unwrap_or(u64::MAX);
+        let deadline = request.duration.map(|d| started.saturating_add(nanos(d)));
+        let tick_ns = nanos(TICK);
         let mut next_tick = started.saturating_add(tick_ns);
         loop {
             let now = monotonic_now();

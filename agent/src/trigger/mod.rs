@@ -19,6 +19,7 @@ use crate::config::{Rule, TriggersConfig};
 use crate::event::{Event, MonoNs};
 use crate::model::{Firing, RequestTimeline, TriggerKey as Key};
 use crate::session::{SelectorSpec, SessionHub, SessionRequest, StartError, Triggered};
+use crate::units::nanos;
 
 pub use history::event_bytes;
 use history::History;
@@ -66,10 +67,6 @@ pub struct Triggers {
     history: History,
     hub: SessionHub,
     fired: u64,
-}
-
-fn nanos(d: std::time::Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Triggers {
