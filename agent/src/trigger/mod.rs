@@ -21,7 +21,6 @@ use crate::model::{Firing, RequestTimeline, TriggerKey as Key};
 use crate::session::{SelectorSpec, SessionHub, SessionRequest, StartError, Triggered};
 use crate::units::nanos;
 
-pub use history::event_bytes;
 use history::History;
 use window::{Verdict, Window};
 
@@ -45,19 +44,21 @@ impl RuleState {
             && want(&self.rule.route, &key.route)
             && want(&self.rule.model, &key.model)
     }
+}
 
-    fn window_for(&mut self, key: Key) -> &mut Window {
-        let key = if self.windows.len() >= MAX_KEYS && !self.windows.contains_key(&key) {
-            Key {
-                service: OTHER.into(),
-                route: OTHER.into(),
-                model: OTHER.into(),
-            }
-        } else {
-            key
-        };
-        self.windows.entry(key).or_default()
-    }
+/// The window of `key`, or the shared "other" one once `windows` holds
+/// [`MAX_KEYS`] label sets.
+fn window_for(windows: &mut HashMap<Key, Window>, key: Key) -> &mut Window {
+    let key = if windows.len() >= MAX_KEYS && !windows.contains_key(&key) {
+        Key {
+            service: OTHER.into(),
+            route: OTHER.into(),
+            model: OTHER.into(),
+        }
+    } else {
+        key
+    };
+    windows.entry(key).or_default()
 }
 
 /// The daemon's triggers.
@@ -66,7 +67,6 @@ pub struct Triggers {
     rules: Vec<RuleState>,
     history: History,
     hub: SessionHub,
-    fired: u64,
 }
 
 impl Triggers {
@@ -92,7 +92,6 @@ impl Triggers {
             rules,
             hub,
             config,
-            fired: 0,
         })
     }
 
@@ -104,11 +103,6 @@ impl Triggers {
     /// Heap the pre-trigger ring holds now.
     pub fn history_bytes(&self) -> usize {
         self.history.bytes()
-    }
-
-    /// Rules fired since start (sessions started or not).
-    pub fn fired(&self) -> u64 {
-        self.fired
     }
 
     /// A reported timeline of `service`; returns the firings it caused.
@@ -124,12 +118,11 @@ impl Triggers {
             if !state.matches(&key) {
                 continue;
             }
-            let rule = state.rule.clone();
-            let window_ns = state.window_ns;
-            let window = state.window_for(key.clone());
-            window.add(&rule, t);
-            window.expire(now, window_ns);
-            let Some(verdict) = window.judge_at(&rule, now) else {
+            let rule = &state.rule;
+            let window = window_for(&mut state.windows, key.clone());
+            window.add(rule, t);
+            window.expire(now, state.window_ns);
+            let Some(verdict) = window.judge_at(rule, now) else {
                 continue;
             };
             let cooled = state
@@ -147,7 +140,6 @@ impl Triggers {
     }
 
     fn fire(&mut self, rule: usize, verdict: Verdict, key: Key, now: MonoNs) -> Firing {
-        self.fired += 1;
         let rule = &self.rules[rule].rule;
         let mut firing = Firing {
             rule: rule.name.clone(),
@@ -162,8 +154,8 @@ impl Triggers {
             error: None,
             history_s: 0.0,
         };
-        let snapshot = self.history.snapshot();
-        firing.history_s = snapshot
+        let history = self.history.snapshot();
+        firing.history_s = history
             .from
             .map_or(0.0, |from| now.saturating_sub(from) as f64 / 1e9);
         let dir = disk::session_dir(&self.config.dir, &rule.name);
@@ -173,19 +165,27 @@ impl Triggers {
             profile_hz: self.config.profile_hz,
             raw: false,
         };
-        let triggered = |reason: String| Triggered {
+        // The ring's copy (up to history_max_mib, made on the run loop)
+        // moves into the session; only the retry without CPU sampling
+        // (another session samples) takes a second one.
+        let triggered = |history: history::Snapshot, reason: String| Triggered {
             reason,
-            history: snapshot.batches.clone(),
-            from: snapshot.from,
-            evicted_early: snapshot.evicted_early,
+            history: history.batches,
+            from: history.from,
+            evicted_early: history.evicted_early,
         };
         let reason = firing.describe();
-        let mut started =
-            self.hub
-                .start_triggered(request.clone(), dir.clone(), triggered(reason.clone()));
+        let mut started = self.hub.start_triggered(
+            request.clone(),
+            dir.clone(),
+            triggered(history, reason.clone()),
+        );
         if matches!(started, Err(StartError::ProfilerBusy(_))) {
             request.profile_hz = 0;
-            started = self.hub.start_triggered(request, dir, triggered(reason));
+            let history = self.history.snapshot();
+            started = self
+                .hub
+                .start_triggered(request, dir, triggered(history, reason));
         }
         match started {
             Ok(status) => firing.session = Some(status.id),
