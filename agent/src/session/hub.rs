@@ -437,7 +437,7 @@ impl SessionHub {
             dir: dir.clone(),
             shared: Arc::clone(&shared),
             input: rx,
-            history: triggered.map(|t| (t.history, t.from, t.evicted_early)),
+            triggered,
         };
         let thread = std::thread::Builder::new()
             .name(format!("tt-session-{id}"))
@@ -689,9 +689,8 @@ struct Job {
     dir: PathBuf,
     shared: Arc<Shared>,
     input: mpsc::Receiver<Vec<Event>>,
-    /// A trigger's history: batches, the oldest event's time, and how many
-    /// events its byte bound had let go.
-    history: Option<(Vec<Vec<Event>>, Option<MonoNs>, u64)>,
+    /// What the trigger that started it hands over (its history first).
+    triggered: Option<Triggered>,
 }
 
 /// A running session's event path.
@@ -769,11 +768,11 @@ impl Job {
 
     fn record(mut self) -> anyhow::Result<Vec<Artifact>> {
         let started = monotonic_now();
-        let history = self.history.take();
+        let triggered = self.triggered.take();
         // A triggered session's report starts with its history.
-        let report_from = history
+        let report_from = triggered
             .as_ref()
-            .and_then(|(_, from, _)| *from)
+            .and_then(|t| t.from)
             .map_or(started, |from| from.min(started));
         let request = &self.request;
         let (scope, initial) = Scope::new(self.selector.clone())?;
@@ -819,8 +818,13 @@ impl Job {
             raw_error: None,
             profiler,
         };
-        if let Some((batches, _, evicted)) = history {
-            for batch in &batches {
+        if let Some(Triggered {
+            history,
+            evicted_early: evicted,
+            ..
+        }) = triggered
+        {
+            for batch in &history {
                 live.admit(batch);
             }
             if evicted > 0 {
