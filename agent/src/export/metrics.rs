@@ -392,7 +392,7 @@ impl Metrics {
                 .observe(stall.gap_ms / 1e3);
         }
         if t.is_stream() {
-            for gap in t.itl_ns() {
+            for &gap in &t.stats().itl_ns {
                 self.observe(Latency::InterToken, &key, secs(gap));
             }
         }

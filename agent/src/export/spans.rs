@@ -26,7 +26,6 @@ use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::{Span, Status};
-use serde::Serialize;
 
 use super::clock::WallClock;
 use super::context::{IdGenerator, RemoteParent};
@@ -88,14 +87,6 @@ pub fn operation_name(path: &str) -> Option<&'static str> {
     }
 }
 
-/// The snake_case name serde gives an enum value (the JSON output's).
-fn snake<T: Serialize>(value: &T) -> Option<String> {
-    serde_json::to_value(value)
-        .ok()?
-        .as_str()
-        .map(str::to_owned)
-}
-
 /// Monotonic time of the first token (first SSE event, or first body byte).
 pub fn first_token(t: &RequestTimeline) -> Option<MonoNs> {
     t.ttft_ns().map(|ttft| t.request_start.saturating_add(ttft))
@@ -106,7 +97,7 @@ pub fn error_type(t: &RequestTimeline) -> Option<String> {
     if t.aborted {
         return Some(
             t.abort_reason
-                .and_then(|r| snake(&r))
+                .and_then(|r| serde_plain::to_string(&r).ok())
                 .unwrap_or_else(|| "aborted".into()),
         );
     }
@@ -423,12 +414,12 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
         i64::try_from(j.chunks).unwrap_or(i64::MAX),
     ));
     a.push(kv_bool("tokentrace.stream", j.stream));
-    if let Some(body) = j.body.as_ref().and_then(snake) {
+    if let Some(body) = j.body.and_then(|b| serde_plain::to_string(&b).ok()) {
         a.push(kv_str("tokentrace.body", body));
     }
     a.push(kv_bool("tokentrace.done", j.done));
     a.push(kv_bool("tokentrace.aborted", j.aborted));
-    if let Some(reason) = j.abort_reason.as_ref().and_then(snake) {
+    if let Some(reason) = j.abort_reason.and_then(|r| serde_plain::to_string(&r).ok()) {
         a.push(kv_str("tokentrace.abort_reason", reason));
     }
     if j.abort_reason == Some(crate::stitch::AbortReason::ClientClosed) {

@@ -255,7 +255,7 @@ fn fuzz_http_chunked_sse_json_streams() {
             for t in stitch_exchange(&req, &response, &splits, cap, repeat) {
                 // what comes out is self-consistent whatever went in
                 assert!(t.chunk_ts.windows(2).all(|w| w[0] <= w[1]), "{t:#?}");
-                assert_eq!(t.itl_ns().len(), t.chunk_ts.len().saturating_sub(1));
+                assert_eq!(t.stats().itl_ns.len(), t.chunk_ts.len().saturating_sub(1));
             }
         },
     );

@@ -10,10 +10,12 @@ mod engine;
 mod firing;
 pub mod in_flight;
 mod stall;
+mod stats;
 pub mod timeline;
 
 pub use engine::EngineView;
 pub use firing::{Firing, TriggerKey};
 pub use in_flight::{OpenRequest, Phase};
 pub use stall::Stall;
+pub use stats::{StatsCache, TimelineStats};
 pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};

@@ -4,6 +4,8 @@ use serde::Serialize;
 
 use crate::event::{ConnId, MonoNs, SockAddrs};
 
+use super::stats::{StatsCache, TimelineStats};
+
 /// How the response body was framed, which decides what a "chunk" is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -173,6 +175,9 @@ pub struct RequestTimeline {
     /// The engine's own account of the request (queue, prefill, batching,
     /// preemption), when it fires the `llm:*` probes; set by the explainer.
     pub engine: Option<super::EngineView>,
+    /// [`RequestTimeline::stats`], worked out on first use; read it through
+    /// that method.
+    pub derived: StatsCache,
 }
 
 impl RequestTimeline {
@@ -194,6 +199,7 @@ impl RequestTimeline {
     pub fn push_chunk(&mut self, ts: MonoNs) {
         let ts = self.chunk_ts.last().map_or(ts, |&last| ts.max(last));
         self.chunk_ts.push(ts);
+        self.derived = StatsCache::default();
     }
 
     /// HTTP/2: total time the stream's writes waited for flow-control
@@ -258,12 +264,12 @@ impl RequestTimeline {
         self.end.saturating_sub(self.request_start)
     }
 
-    /// Gaps between successive chunk emits.
-    pub fn itl_ns(&self) -> Vec<u64> {
-        self.chunk_ts
-            .windows(2)
-            .map(|w| w[1].saturating_sub(w[0]))
-            .collect()
+    /// Inter-token gaps, their percentiles and TPOT, worked out on the
+    /// first call and kept: a timeline changed afterwards (other than by
+    /// [`Self::push_chunk`]) keeps the old figures. Only the stitcher
+    /// changes a timeline, before it hands it out finished.
+    pub fn stats(&self) -> &TimelineStats {
+        self.derived.get_or_init(self)
     }
 
     /// Emit time of every chunk relative to request start.

@@ -6,7 +6,7 @@
 use serde::Serialize;
 
 use crate::stitch::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
-use crate::units::{ms, percentile};
+use crate::units::ms;
 
 #[derive(Debug, Serialize)]
 pub struct JsonTimeline<'a> {
@@ -94,18 +94,9 @@ pub struct JsonTimeline<'a> {
 
 impl<'a> JsonTimeline<'a> {
     pub fn new(t: &'a RequestTimeline) -> Self {
-        let itl = t.itl_ns();
-        let mut sorted = itl.clone();
-        sorted.sort_unstable();
-        let ttft = t.ttft_ns();
-        let e2e = t.e2e_ns();
-        let chunks = t.chunk_ts.len();
+        let stats = t.stats();
         let rpc = t.rpc_service_method();
         let engine = t.engine.as_ref();
-        let tpot = match (ttft, chunks) {
-            (Some(ttft), n) if n >= 2 => Some(ms(e2e.saturating_sub(ttft) / (n as u64 - 1))),
-            _ => None,
-        };
         Self {
             pid: t.conn.pid,
             comm: &t.comm,
@@ -114,20 +105,20 @@ impl<'a> JsonTimeline<'a> {
             status: t.status,
             stream: t.is_stream(),
             body: t.body_kind,
-            ttft_ms: ttft.map(ms),
-            e2e_ms: ms(e2e),
+            ttft_ms: t.ttft_ns().map(ms),
+            e2e_ms: ms(t.e2e_ns()),
             request_read_ms: ms(t.request_end.saturating_sub(t.read_start)),
             socket_wait_ms: t.socket_wait_ns().map(ms),
             accept_wait_ms: t.accept_wait_ns.map(ms),
             tls_handshake_ms: t.tls_handshake_ns.map(ms),
             ttft_from_read_ms: t.ttft_from_read_ns().map(ms),
-            chunks,
+            chunks: t.chunk_ts.len(),
             chunk_offsets_ms: t.chunk_offsets_ns().into_iter().map(ms).collect(),
-            itl_ms: itl.into_iter().map(ms).collect(),
-            itl_p50_ms: percentile(&sorted, 50.0).map(ms),
-            itl_p95_ms: percentile(&sorted, 95.0).map(ms),
-            itl_max_ms: sorted.last().copied().map(ms),
-            tpot_ms: tpot,
+            itl_ms: stats.itl_ns.iter().copied().map(ms).collect(),
+            itl_p50_ms: stats.itl_percentile_ns(50.0).map(ms),
+            itl_p95_ms: stats.itl_percentile_ns(95.0).map(ms),
+            itl_max_ms: stats.itl_max_ns().map(ms),
+            tpot_ms: stats.tpot_ns.map(ms),
             aborted: t.aborted,
             abort_reason: t.abort_reason,
             chunks_after_client_closed: t.chunks_after_client_closed,

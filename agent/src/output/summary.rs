@@ -111,7 +111,7 @@ impl RunSummary {
         self.aborted += u64::from(t.aborted);
         self.chunks += t.chunk_ts.len() as u64;
         self.ttft_ns.extend(t.ttft_ns());
-        self.itl_ns.extend(t.itl_ns());
+        self.itl_ns.extend(t.stats().itl_ns.iter().copied());
         self.e2e_ns.record(t.e2e_ns());
     }
 

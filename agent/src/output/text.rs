@@ -2,7 +2,7 @@
 
 use crate::model::{EngineView, Stall};
 use crate::stitch::{Protocol, RequestTimeline};
-use crate::units::{ms, percentile};
+use crate::units::ms;
 
 fn fmt_ms(ns: Option<u64>) -> String {
     ns.map_or_else(|| "-".to_string(), |ns| format!("{:.1}ms", ms(ns)))
@@ -59,13 +59,9 @@ fn engine_part(e: &EngineView) -> String {
 
 /// `python3[4242] POST /v1/chat/completions 200 sse ttft=52.1ms itl p50=20.1ms p95=21.3ms max=25.0ms chunks=33 e2e=712.3ms id=chatcmpl-1`
 pub fn text_line(t: &RequestTimeline) -> String {
-    let mut itl = t.itl_ns();
-    itl.sort_unstable();
+    let stats = t.stats();
     let kind = match t.body_kind {
-        Some(kind) => serde_json::to_value(kind)
-            .ok()
-            .and_then(|v| v.as_str().map(String::from))
-            .unwrap_or_default(),
+        Some(kind) => serde_plain::to_string(&kind).unwrap_or_default(),
         None => "-".to_string(),
     };
     let kind = match t.protocol {
@@ -81,9 +77,9 @@ pub fn text_line(t: &RequestTimeline) -> String {
         t.status.map_or_else(|| "-".to_string(), |s| s.to_string()),
         kind,
         fmt_ms(t.ttft_ns()),
-        fmt_ms(percentile(&itl, 50.0)),
-        fmt_ms(percentile(&itl, 95.0)),
-        fmt_ms(itl.last().copied()),
+        fmt_ms(stats.itl_percentile_ns(50.0)),
+        fmt_ms(stats.itl_percentile_ns(95.0)),
+        fmt_ms(stats.itl_max_ns()),
         t.chunk_ts.len(),
         fmt_ms(Some(t.e2e_ns())),
     );
@@ -120,8 +116,7 @@ pub fn text_line(t: &RequestTimeline) -> String {
     if t.aborted {
         let reason = t
             .abort_reason
-            .and_then(|r| serde_json::to_value(r).ok())
-            .and_then(|v| v.as_str().map(String::from))
+            .and_then(|r| serde_plain::to_string(&r).ok())
             .unwrap_or_else(|| "unknown".into());
         line.push_str(&format!(" ABORTED({reason})"));
     }

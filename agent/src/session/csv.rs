@@ -83,14 +83,8 @@ pub fn render(recording: &Recording) -> String {
     for (i, t) in recording.timelines.iter().enumerate() {
         let j = JsonTimeline::new(t);
         let offset = (t.request_start as f64 - meta.started_ns as f64) / 1e6;
-        let body = j
-            .body
-            .and_then(|b| serde_json::to_value(b).ok())
-            .and_then(|v| v.as_str().map(str::to_string));
-        let reason = j
-            .abort_reason
-            .and_then(|r| serde_json::to_value(r).ok())
-            .and_then(|v| v.as_str().map(str::to_string));
+        let body = j.body.and_then(|b| serde_plain::to_string(&b).ok());
+        let reason = j.abort_reason.and_then(|r| serde_plain::to_string(&r).ok());
         let row = [
             (i + 1).to_string(),
             rfc3339(meta.unix_ns(t.request_start)),

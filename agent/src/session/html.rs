@@ -243,10 +243,8 @@ fn causes(stalls: &[Stall]) -> String {
 
 fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Breakdown {
     let first = first_token(t);
-    let gaps = t.itl_ns();
-    let mut sorted = gaps.clone();
-    sorted.sort_unstable();
-    let median = percentile(&sorted, 50.0).unwrap_or(0);
+    let gaps = &t.stats().itl_ns;
+    let median = t.stats().itl_percentile_ns(50.0).unwrap_or(0);
     let threshold = (median * SLOW_GAP_FACTOR).max(SLOW_GAP_MIN_NS);
     let slow: Vec<u64> = gaps.iter().copied().filter(|&g| g >= threshold).collect();
     let longest = gaps
@@ -277,10 +275,7 @@ fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Br
         slow_gap_ms: ms(slow.iter().sum()),
         cpu_samples,
         causes: causes(&t.stalls),
-        abort_reason: t
-            .abort_reason
-            .and_then(|r| serde_json::to_value(r).ok())
-            .and_then(|v| v.as_str().map(str::to_string)),
+        abort_reason: t.abort_reason.and_then(|r| serde_plain::to_string(&r).ok()),
     }
 }
 
@@ -294,11 +289,7 @@ fn data(rec: &Recording) -> Data {
     let tpots: Vec<u64> = rec
         .timelines
         .iter()
-        .filter_map(|t| {
-            let n = t.chunk_ts.len() as u64;
-            let ttft = t.ttft_ns()?;
-            (n >= 2).then(|| t.e2e_ns().saturating_sub(ttft) / (n - 1))
-        })
+        .filter_map(|t| t.stats().tpot_ns)
         .collect();
     let summary = Summary {
         requests: rec.timelines.len(),
@@ -322,7 +313,7 @@ fn data(rec: &Recording) -> Data {
                 "ITL",
                 rec.timelines
                     .iter()
-                    .flat_map(RequestTimeline::itl_ns)
+                    .flat_map(|t| t.stats().itl_ns.iter().copied())
                     .collect(),
             ),
             Dist::of("TPOT", tpots),

@@ -236,10 +236,7 @@ fn thread_slice(s: &super::core::ThreadSlice, clock: &Clock) -> Value {
             json!({"syscall": syscall, "in_cuda_sync": in_cuda_sync}),
         ),
         SliceKind::CudaSync { call, launches } => (
-            serde_json::to_value(call)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_string))
-                .unwrap_or_else(|| "CUDA sync".to_string()),
+            serde_plain::to_string(&call).unwrap_or_else(|_| "CUDA sync".to_string()),
             "cuda",
             json!({"launches_since_last_sync": launches}),
         ),
@@ -304,10 +301,7 @@ pub fn render(recording: &Recording) -> anyhow::Result<Vec<u8>> {
         events.push(thread_slice(s, &clock));
     }
     for m in &recording.threads.marks {
-        let probe = serde_json::to_value(m.probe)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let probe = serde_plain::to_string(&m.probe).unwrap_or_default();
         events.push(json!({
             "ph": "i", "s": "t", "name": format!("llm:{probe}"), "cat": "usdt",
             "pid": m.pid, "tid": m.tid, "ts": clock.us(m.ts),

@@ -328,7 +328,7 @@ fn openai_sse_over_chunked_one_event_per_write() {
         "[DONE] is not a chunk"
     );
     assert_eq!(tl.ttft_ns(), Some(200));
-    assert_eq!(tl.itl_ns(), vec![100, 100, 100]);
+    assert_eq!(tl.stats().itl_ns, vec![100, 100, 100]);
     assert_eq!(tl.end, 900);
     assert_eq!(tl.e2e_ns(), 800);
     assert!(tl.done_seen);
@@ -1630,9 +1630,9 @@ fn two_writers_on_one_connection_with_swapped_entry_times() {
     sim.write(800, LAST_CHUNK);
     let tl = sim.one();
     assert_eq!(tl.chunk_ts, vec![300, 450, 450, 600]);
-    assert_eq!(tl.itl_ns(), vec![150, 0, 150]);
+    assert_eq!(tl.stats().itl_ns, vec![150, 0, 150]);
     assert_eq!(
-        tl.itl_ns().iter().sum::<u64>(),
+        tl.stats().itl_ns.iter().sum::<u64>(),
         tl.chunk_ts[3] - tl.chunk_ts[0],
         "gaps add up to first-to-last"
     );

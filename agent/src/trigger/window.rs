@@ -80,7 +80,7 @@ impl Window {
                     push(ms(ttft), 1.0);
                 }
             }
-            Metric::Itl => t.itl_ns().into_iter().for_each(|g| push(ms(g), 1.0)),
+            Metric::Itl => t.stats().itl_ns.iter().for_each(|&g| push(ms(g), 1.0)),
             Metric::E2e => push(ms(t.e2e_ns()), 1.0),
             Metric::AbortRate => push(if t.aborted { 1.0 } else { 0.0 }, 1.0),
             Metric::ClientClosedRate => {
