@@ -50,7 +50,9 @@ fn check(args: &CheckArgs) -> ExitCode {
 }
 
 /// The async runtime of the commands that trace (two workers: the agent
-/// should not compete with the servers it watches).
+/// should not compete with the servers it watches). The command's own
+/// future runs on the main thread (`block_on`), its spawned tasks on the
+/// workers.
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -66,14 +68,10 @@ fn main() -> ExitCode {
         Command::Check(args) => check(&args),
         Command::Run(args) => {
             let json = args.output == tokentrace::output::OutputFormat::Json;
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-            {
+            let runtime = match runtime() {
                 Ok(runtime) => runtime,
                 Err(err) => {
-                    eprintln!("Error: starting the async runtime: {err}");
+                    eprintln!("Error: {err:#}");
                     return ExitCode::FAILURE;
                 }
             };

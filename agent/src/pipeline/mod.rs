@@ -1,49 +1,126 @@
 //! The pure middle of the agent: events in, explained request timelines
-//! out. [`Pipeline`] stitches and explains; [`RecordReplay`] adds what sits
-//! on either side of it in `tokentrace run` (decoding ring buffer records,
-//! the run summary, rendering each timeline as an output line) with the
-//! sinks left to the caller, so the whole userspace path per event can be
-//! measured and profiled offline (`cargo xtask bench replay`, fed by
-//! [`synthetic`] traffic).
+//! out, used alike by `tokentrace run`, recording sessions and replays.
+//! [`Pipeline`] stitches and explains; in a run it also holds the
+//! discovery [`Tracker`], which decides which processes are traced and
+//! which finished requests are reported, and hands what the probes must do
+//! about it back as [`ProbeChange`]s for the run to carry out.
+//! [`RecordReplay`] adds what sits on either side of it in `tokentrace
+//! run` (decoding ring buffer records, the run summary, rendering each
+//! timeline as an output line) with the sinks left to the caller, so the
+//! whole userspace path per event can be measured and profiled offline
+//! (`cargo xtask bench replay`, fed by [`synthetic`] traffic).
 //!
-//! No I/O, no clock reads: time comes from the events and from the
-//! caller's ticks, so a run is a function of its input.
+//! No clock reads, and no I/O but one: matching an exec'd process by
+//! `--exe`/`--comm` reads its /proc entry (its resolved executable and
+//! command line are not in the event). Time comes from the events and the
+//! caller's ticks, so a session or replay is a function of its input.
 
 mod records;
 pub mod synthetic;
+#[cfg(test)]
+mod tests;
 
 pub use records::{RecordReplay, ReplayCounts};
 
+use std::path::PathBuf;
+
+use crate::discover::{Change, Tracker};
 use crate::event::{Event, MonoNs};
 use crate::explain::Explainer;
+use crate::model::OpenRequest;
 use crate::stitch::{RequestTimeline, StitchConfig, StitchStats, Stitcher};
 
-/// A stitcher and the explainer that annotates what it finishes.
+/// What the probes must do about the traced processes, in the order the
+/// events that call for it came.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeChange {
+    /// Start tracing a process (the kernel's pid filter, what it forked
+    /// before, the uprobes of the files it maps).
+    Trace(u32),
+    /// Stop tracing it: it serves no LLM endpoint.
+    Untrace(u32),
+    /// It mapped a library, or was just forked: find the probed files it
+    /// maps (a fork copies breakpoints, not uprobes).
+    Rescan(u32),
+    /// It exited: its uprobes go.
+    Exited(u32),
+}
+
+/// Discovery in a run: the tracker and where it reads /proc.
+#[derive(Debug)]
+struct Discovery {
+    tracker: Tracker,
+    proc_root: PathBuf,
+    /// Not yet taken by the caller.
+    changes: Vec<ProbeChange>,
+}
+
+/// A stitcher and the explainer that annotates what it finishes, and in a
+/// run the tracker that decides what is traced and reported.
 #[derive(Debug)]
 pub struct Pipeline {
     stitcher: Stitcher,
     explainer: Explainer,
-    /// Finished by the stitcher, not yet explained.
+    discovery: Option<Discovery>,
+    /// Finished by the stitcher, not yet reviewed and explained.
     pending: Vec<RequestTimeline>,
 }
 
 impl Pipeline {
+    /// Reports every request it finishes (a session, a replay).
     pub fn new(stitch: StitchConfig, stall_threshold_ns: u64, history_ns: u64) -> Self {
         Self {
             stitcher: Stitcher::new(stitch),
             explainer: Explainer::new(stall_threshold_ns, history_ns),
+            discovery: None,
             pending: Vec::new(),
         }
     }
 
+    /// A run's pipeline: `tracker` decides which processes are traced
+    /// (reading `proc_root` for an exec it must match) and which finished
+    /// requests are reported; what the probes must do comes out of
+    /// [`Self::take_probe_changes`].
+    pub fn with_tracker(mut self, tracker: Tracker, proc_root: PathBuf) -> Self {
+        self.discovery = Some(Discovery {
+            tracker,
+            proc_root,
+            changes: Vec::new(),
+        });
+        self
+    }
+
     /// Feeds one event (in [`Event::order_ts`] order); the timelines it
-    /// finished are appended to `out`, explained.
+    /// finished (and the tracker reports) are appended to `out`, explained.
     pub fn push(&mut self, event: &Event, out: &mut Vec<RequestTimeline>) {
-        // The explainer sees an event before the timelines it may finish,
-        // as in the run loop.
+        if let Some(discovery) = &mut self.discovery {
+            discovery.on_event(event);
+        }
+        // The explainer sees an event before the timelines it may finish.
         self.explainer.observe(event);
         self.stitcher.push(event, &mut self.pending);
         self.explain_pending(out);
+    }
+
+    /// What the probes must do, in order, since the last call.
+    pub fn take_probe_changes(&mut self) -> Vec<ProbeChange> {
+        self.discovery
+            .as_mut()
+            .map(|d| std::mem::take(&mut d.changes))
+            .unwrap_or_default()
+    }
+
+    /// Requests in flight the run would report, for the in-flight gauges.
+    pub fn open_requests(&self) -> Vec<OpenRequest> {
+        let mut open = self.stitcher.open_requests();
+        if let Some(discovery) = &self.discovery {
+            open.retain(|r| discovery.tracker.reports_path(&r.path));
+        }
+        open
+    }
+
+    pub fn open_connections(&self) -> usize {
+        self.stitcher.open_connections()
     }
 
     /// The periodic sweep: connections idle past `idle_ns` are dropped
@@ -67,9 +144,52 @@ impl Pipeline {
 
     fn explain_pending(&mut self, out: &mut Vec<RequestTimeline>) {
         for mut timeline in self.pending.drain(..) {
+            if let Some(discovery) = &mut self.discovery {
+                let (report, untraced) = discovery.review(&timeline);
+                if let Some(pid) = untraced {
+                    self.stitcher.forget_process(pid);
+                }
+                if !report {
+                    continue;
+                }
+            }
             timeline.stalls = self.explainer.explain(&timeline);
             timeline.engine = self.explainer.engine_view(&timeline);
             out.push(timeline);
         }
+    }
+}
+
+impl Discovery {
+    fn on_event(&mut self, event: &Event) {
+        match self.tracker.on_event(event, &self.proc_root) {
+            Some(Change::Trace(pid)) => self.changes.push(ProbeChange::Trace(pid)),
+            Some(Change::Untrace(pid)) => self.changes.push(ProbeChange::Untrace(pid)),
+            None => {}
+        }
+        match event {
+            Event::LibraryMapped(mapped) => self.changes.push(ProbeChange::Rescan(mapped.pid)),
+            Event::Fork(fork) => self.changes.push(ProbeChange::Rescan(fork.pid)),
+            Event::Exit(exit) => self.changes.push(ProbeChange::Exited(exit.pid)),
+            _ => {}
+        }
+    }
+
+    /// Whether a finished request is reported, and the process the tracker
+    /// stopped tracing because of it.
+    fn review(&mut self, timeline: &RequestTimeline) -> (bool, Option<u32>) {
+        let (report, change) = self.tracker.review(timeline);
+        let untraced = match change {
+            Some(Change::Untrace(pid)) => {
+                self.changes.push(ProbeChange::Untrace(pid));
+                Some(pid)
+            }
+            Some(Change::Trace(pid)) => {
+                self.changes.push(ProbeChange::Trace(pid));
+                None
+            }
+            None => None,
+        };
+        (report, untraced)
     }
 }

@@ -4,15 +4,16 @@
 //! [`run_with`] connects the stages: validate everything the user can get
 //! wrong, start the outputs (exporter, pod metadata, sessions, triggers),
 //! start the probes and attach to the processes found, then feed the
-//! [`Pipeline`] until a stop, drain what the kernel still holds, and shut
-//! the outputs down.
+//! [`Stages`] (the pure [`Pipeline`] and what carries out its results)
+//! until a stop, drain what the kernel still holds, and shut the outputs
+//! down.
 
 mod outputs;
-mod pipeline;
 mod probed;
+mod sink;
 
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -25,17 +26,17 @@ use crate::config::Config;
 use crate::discover::libraries::{ProbedFiles, UprobeScope};
 use crate::discover::{EndpointMatcher, Selector, Tracker};
 use crate::event::Event;
-use crate::explain::Explainer;
 use crate::ingest::Ingest;
 use crate::output::RunSummary;
+use crate::pipeline::Pipeline;
 use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
 use crate::session::SessionHub;
-use crate::stitch::Stitcher;
+use crate::stitch::StitchStats;
 use crate::units::{monotonic_now, nanos};
 
 use outputs::Outputs;
-use pipeline::{Pipeline, Printer, Stop};
 use probed::Probed;
+use sink::{Printer, Stages, Stop};
 
 const PROC: &str = "/proc";
 /// How often idle connections are swept.
@@ -189,19 +190,19 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     }
     outputs.exporter.set_ready();
 
-    let mut pipeline = Pipeline {
-        tracker,
-        stitcher: Stitcher::new(config.stitch.stitcher_config()),
+    let mut stages = Stages {
+        pipeline: Pipeline::new(
+            config.stitch.stitcher_config(),
+            nanos(config.explain.stall_threshold),
+            nanos(config.explain.history),
+        )
+        .with_tracker(tracker, PathBuf::from(PROC)),
         printer: Printer {
             format: args.output,
             out: io::stdout(),
         },
         summary: RunSummary::default(),
         probed,
-        explainer: Explainer::new(
-            nanos(config.explain.stall_threshold),
-            nanos(config.explain.history),
-        ),
         exporter: outputs.exporter,
         request_limit: args.requests,
         finished: Vec::new(),
@@ -210,30 +211,35 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         quiet: hooks.quiet,
     };
     let idle_ns = nanos(config.stitch.idle_timeout);
-    let stop = event_loop(&mut pipeline, &mut events_rx, args.duration, idle_ns).await?;
+    let stop = event_loop(&mut stages, &mut events_rx, args.duration, idle_ns).await?;
     if matches!(stop, Stop::Duration | Stop::Signal) {
-        drain(&mut pipeline, &mut events_rx).await;
+        drain(&mut stages, &mut events_rx).await;
     }
     // Whatever path ended the loop, an ingest thread waiting to send must
     // not block its own join below.
     events_rx.close();
-    pipeline.refresh_gauges();
-    let Pipeline {
-        stitcher,
+    stages.refresh_gauges();
+    let Stages {
+        pipeline,
         summary,
         exporter,
         sessions,
         triggers,
         ..
-    } = pipeline;
+    } = stages;
     Outputs::shut_down(exporter, sessions, triggers).await?;
-    finish(summary, &stitcher, &ingest, stop)
+    finish(summary, pipeline.stats(), &ingest, stop)
 }
 
-/// Feeds the pipeline until a stop: an event batch, the periodic sweep, the
-/// deadline or a signal, whichever comes first.
+/// Feeds the stages until a stop: an event batch, the periodic sweep, the
+/// deadline or a signal, whichever comes first. The stages' work is
+/// synchronous (stdout, BPF map writes, /proc scans); it runs on the thread
+/// that `block_on`s the run (main's), not on the runtime's workers, so it
+/// never holds up the tasks spawned there (OTLP export, the metrics and
+/// control endpoints, the k8s watch). Keep it so: `run_with` is awaited
+/// by `block_on`, never spawned.
 async fn event_loop(
-    pipeline: &mut Pipeline<'_>,
+    stages: &mut Stages<'_>,
     events_rx: &mut mpsc::Receiver<Vec<Event>>,
     duration: Option<Duration>,
     idle_ns: u64,
@@ -256,10 +262,10 @@ async fn event_loop(
         };
         let stop = tokio::select! {
             batch = events_rx.recv() => match batch {
-                Some(batch) => pipeline.on_batch(&batch),
+                Some(batch) => stages.on_batch(&batch),
                 None => Some(Stop::IngestEnded),
             },
-            _ = sweep.tick() => pipeline.sweep(monotonic_now(), idle_ns),
+            _ = sweep.tick() => stages.sweep(monotonic_now(), idle_ns),
             _ = until_deadline => Some(Stop::Duration),
             _ = interrupt.recv() => Some(Stop::Signal),
             _ = terminate.recv() => Some(Stop::Signal),
@@ -275,20 +281,20 @@ async fn event_loop(
 /// still in flight reported, marked as cut by the agent. Received until the
 /// thread ends and the channel closes: the thread waits on a full channel
 /// (backpressure) rather than drop.
-async fn drain(pipeline: &mut Pipeline<'_>, events_rx: &mut mpsc::Receiver<Vec<Event>>) {
-    pipeline.probed.ingest.request_stop();
+async fn drain(stages: &mut Stages<'_>, events_rx: &mut mpsc::Receiver<Vec<Event>>) {
+    stages.probed.ingest.request_stop();
     while let Some(batch) = events_rx.recv().await {
-        if pipeline.on_batch(&batch).is_some() {
+        if stages.on_batch(&batch).is_some() {
             break;
         }
     }
-    pipeline.finish(monotonic_now());
+    stages.finish(monotonic_now());
 }
 
 /// Stops the probes and completes the run's summary with their counters.
 fn finish(
     mut summary: RunSummary,
-    stitcher: &Stitcher,
+    stitch: &StitchStats,
     ingest: &Ingest,
     stop: Stop,
 ) -> Result<RunSummary> {
@@ -299,7 +305,7 @@ fn finish(
     summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
     summary.channel_waits = ingest.stats.channel_waits.load(Ordering::Relaxed);
     summary.decode_errors = ingest.stats.decode_errors.load(Ordering::Relaxed);
-    summary.stitch = stitcher.stats().clone();
+    summary.stitch = stitch.clone();
     if stop == Stop::IngestEnded {
         bail!("the ingest thread stopped unexpectedly (see the log above)");
     }

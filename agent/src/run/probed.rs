@@ -1,13 +1,13 @@
 //! Which processes the probes look at: the kernel's pid filter and the
-//! uprobes of the files those processes map, kept in step with what the
-//! tracker decides and with lifecycle events (library loads, forks, exits).
+//! uprobes of the files those processes map, kept in step with the
+//! pipeline's [`ProbeChange`]s (what the tracker decides, library loads,
+//! forks, exits).
 
 use std::path::Path;
 
 use crate::discover::libraries::{FileChange, ProbedFiles};
-use crate::discover::Change;
-use crate::event::Event;
 use crate::ingest::{Ingest, ProbeCommand};
+use crate::pipeline::ProbeChange;
 
 use super::PROC;
 
@@ -19,9 +19,9 @@ pub(super) struct Probed<'a> {
 }
 
 impl Probed<'_> {
-    pub(super) fn apply(&mut self, change: Change) {
+    pub(super) fn apply(&mut self, change: ProbeChange) {
         match change {
-            Change::Trace(pid) => {
+            ProbeChange::Trace(pid) => {
                 match self.ingest.traced_pids.insert(pid) {
                     Ok(()) => tracing::info!("tracing pid {pid}"),
                     Err(err) => tracing::warn!("{err:#}"),
@@ -41,39 +41,26 @@ impl Probed<'_> {
                 }
                 self.send(changes);
             }
-            Change::Untrace(pid) => {
+            ProbeChange::Untrace(pid) => {
                 self.ingest.traced_pids.remove(pid);
+                let changes = self.files.process_gone(pid);
+                self.send(changes);
+            }
+            ProbeChange::Rescan(pid) => {
+                let changes = self.files.scan(Path::new(PROC), pid);
+                self.send(changes);
+            }
+            // The kernel drops an exited process from its filter itself.
+            ProbeChange::Exited(pid) => {
                 let changes = self.files.process_gone(pid);
                 self.send(changes);
             }
         }
     }
 
-    /// Finds probed files `pid` maps (now, or after it loaded a library).
-    fn scan_libraries(&mut self, pid: u32) {
-        let changes = self.files.scan(Path::new(PROC), pid);
-        self.send(changes);
-    }
-
     pub(super) fn send(&self, changes: Vec<FileChange>) {
         if !changes.is_empty() {
             self.ingest.command(ProbeCommand::Files(changes));
-        }
-    }
-
-    /// Lifecycle events that change what is probed.
-    pub(super) fn on_event(&mut self, event: &Event) {
-        match event {
-            Event::LibraryMapped(mapped) => self.scan_libraries(mapped.pid),
-            // A fork copies the parent's breakpoints but not its uprobes:
-            // the child (traced by the kernel from its first instruction)
-            // gets its own.
-            Event::Fork(fork) => self.scan_libraries(fork.pid),
-            Event::Exit(exit) => {
-                let changes = self.files.process_gone(exit.pid);
-                self.send(changes);
-            }
-            _ => {}
         }
     }
 }

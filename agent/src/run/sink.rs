@@ -1,25 +1,22 @@
-//! The run loop's synchronous middle: each event batch goes to the
-//! sessions, the triggers' ring, the tracker, the probes' bookkeeping and
-//! the stitcher; each finished timeline the tracker wants is explained,
-//! counted, exported, judged by the triggers and printed.
+//! The run loop's synchronous part: each event batch goes to the
+//! sessions, the triggers' ring and the [`Pipeline`]; what the pipeline
+//! hands back is carried out here, in order: the probes' changes (kernel
+//! pid filter, uprobes, /proc scans) and the reported timelines (counted,
+//! exported, judged by the triggers, printed).
 
 use std::io::{self, Write};
-use std::path::Path;
 use std::sync::atomic::Ordering;
 
-use crate::discover::{Change, Tracker};
 use crate::event::{Event, MonoNs};
-use crate::explain::Explainer;
 use crate::export::{AgentCounters, Exporter};
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
+use crate::pipeline::Pipeline;
 use crate::session::SessionHub;
-use crate::stitch::{RequestTimeline, Stitcher};
+use crate::stitch::RequestTimeline;
 use crate::trigger::Triggers;
 use crate::units::monotonic_now;
 
 use super::probed::Probed;
-use super::PROC;
-
 /// Why the run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stop {
@@ -48,14 +45,12 @@ impl Printer {
     }
 }
 
-/// Stitching and reporting, fed by the run loop.
-pub(super) struct Pipeline<'a> {
-    pub(super) tracker: Tracker,
-    pub(super) stitcher: Stitcher,
+/// The pipeline, and where its results go.
+pub(super) struct Stages<'a> {
+    pub(super) pipeline: Pipeline,
     pub(super) printer: Printer,
     pub(super) summary: RunSummary,
     pub(super) probed: Probed<'a>,
-    pub(super) explainer: Explainer,
     pub(super) exporter: Exporter,
     pub(super) request_limit: Option<u64>,
     pub(super) finished: Vec<RequestTimeline>,
@@ -67,7 +62,7 @@ pub(super) struct Pipeline<'a> {
     pub(super) quiet: bool,
 }
 
-impl Pipeline<'_> {
+impl Stages<'_> {
     pub(super) fn on_batch(&mut self, batch: &[Event]) -> Option<Stop> {
         self.summary.events += batch.len() as u64;
         if let Some(sessions) = &self.sessions {
@@ -77,32 +72,18 @@ impl Pipeline<'_> {
             triggers.on_events(batch, monotonic_now());
         }
         for event in batch {
-            if let Some(change) = self.tracker.on_event(event, Path::new(PROC)) {
-                self.probed.apply(change);
-            }
-            self.probed.on_event(event);
             self.summary.observe(event);
-            self.explainer.observe(event);
-            self.stitcher.push(event, &mut self.finished);
+            self.pipeline.push(event, &mut self.finished);
         }
         self.report()
     }
 
-    /// Prints finished timelines the tracker wants reported.
+    /// Carries out the probes' changes, then reports finished timelines.
     pub(super) fn report(&mut self) -> Option<Stop> {
-        for mut timeline in std::mem::take(&mut self.finished) {
-            let (report, change) = self.tracker.review(&timeline);
-            if let Some(change) = change {
-                self.probed.apply(change);
-                if let Change::Untrace(pid) = change {
-                    self.stitcher.forget_process(pid);
-                }
-            }
-            if !report {
-                continue;
-            }
-            timeline.stalls = self.explainer.explain(&timeline);
-            timeline.engine = self.explainer.engine_view(&timeline);
+        for change in self.pipeline.take_probe_changes() {
+            self.probed.apply(change);
+        }
+        for timeline in std::mem::take(&mut self.finished) {
             self.summary.record(&timeline);
             self.exporter.record(&timeline);
             self.judge(&timeline);
@@ -146,18 +127,11 @@ impl Pipeline<'_> {
         }
     }
 
-    /// Open requests the tracker would report, for the in-flight gauges.
-    fn open_requests(&self) -> Vec<crate::model::OpenRequest> {
-        let mut open = self.stitcher.open_requests();
-        open.retain(|r| self.tracker.reports_path(&r.path));
-        open
-    }
-
     /// The run's counters, for the exporter's self-metrics.
     fn agent_counters(&self) -> AgentCounters {
         let ingest = self.probed.ingest;
         let kernel = ingest.kernel_counters.read().unwrap_or_default();
-        let stitch = self.stitcher.stats();
+        let stitch = self.pipeline.stats();
         AgentCounters {
             events_received: self.summary.events,
             events_lost_kernel: kernel.records_lost(),
@@ -166,7 +140,7 @@ impl Pipeline<'_> {
             decode_errors: ingest.stats.decode_errors.load(Ordering::Relaxed),
             parse_errors: stitch.parse_errors,
             truncated_writes: stitch.truncated_writes,
-            open_connections: self.stitcher.open_connections() as u64,
+            open_connections: self.pipeline.open_connections() as u64,
         }
     }
 
@@ -174,8 +148,7 @@ impl Pipeline<'_> {
     /// quiet trigger windows are dropped, and the exporter's gauges are
     /// refreshed.
     pub(super) fn sweep(&mut self, now: MonoNs, idle_ns: u64) -> Option<Stop> {
-        self.stitcher.expire_idle(now, idle_ns, &mut self.finished);
-        self.explainer.prune(now);
+        self.pipeline.tick(now, idle_ns, &mut self.finished);
         if let Some(triggers) = &mut self.triggers {
             triggers.tick(now);
         }
@@ -186,13 +159,13 @@ impl Pipeline<'_> {
     /// The exporter's self-metrics and in-flight gauges, as of now.
     pub(super) fn refresh_gauges(&mut self) {
         self.exporter.observe_agent(self.agent_counters());
-        let open = self.open_requests();
+        let open = self.pipeline.open_requests();
         self.exporter.observe_in_flight(&open);
     }
 
     /// The agent stopped: requests still in flight come out cut by it.
     pub(super) fn finish(&mut self, now: MonoNs) {
-        self.stitcher.finish(now, &mut self.finished);
+        self.pipeline.finish(now, &mut self.finished);
         self.report();
     }
 }
