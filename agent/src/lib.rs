@@ -10,6 +10,7 @@
 pub mod check;
 pub mod cli;
 pub mod config;
+pub mod defaults;
 pub mod discover;
 pub mod event;
 pub mod explain;

@@ -1,5 +1,5 @@
-//! The YAML configuration: an embedded default, optionally replaced by a
-//! user file, then overridden by command-line flags (see `cli`).
+//! The YAML configuration: the embedded default (`crate::defaults`), a
+//! user file laid over it, then command-line flags (see `cli`).
 
 use std::path::Path;
 use std::time::Duration;
@@ -7,12 +7,11 @@ use std::time::Duration;
 use serde::Deserialize;
 use thiserror::Error;
 
+use crate::defaults;
+
 mod triggers;
 
 pub use triggers::{Metric, Rule, TriggersConfig, CAUSES, DEFAULT_PROFILE_HZ};
-
-/// The configuration compiled into the binary.
-pub const DEFAULT_CONFIG: &str = include_str!("../../config/default.yaml");
 
 /// Messages name what failed, not why: the cause is the error's `source`,
 /// which the binary prints after it (`{:#}`), so embedding its text too
@@ -27,40 +26,34 @@ pub enum ConfigError {
     #[error("parsing config {origin}")]
     Parse {
         origin: String,
-        source: serde_yaml::Error,
+        source: defaults::OverlayError,
     },
     #[error("invalid config: {0}")]
     Invalid(String),
 }
 
-/// Every section is optional in a user file; omitted ones take the
-/// built-in defaults below, which a test keeps equal to the embedded file.
+/// Every key is optional in a user file: it is laid over the embedded
+/// default (`crate::defaults`), the only place default values are written.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    #[serde(default)]
     pub capture: CaptureConfig,
-    #[serde(default = "default_endpoints")]
+    /// Request paths (prefixes) that mark a process as an LLM server in
+    /// automatic mode.
     pub endpoints: Vec<String>,
-    #[serde(default)]
     pub stitch: StitchSection,
-    #[serde(default)]
     pub discovery: DiscoveryConfig,
-    #[serde(default)]
     pub export: crate::export::ExportConfig,
     /// Pod scope and pod labels on spans (used in a cluster only).
-    #[serde(default)]
     pub kubernetes: crate::k8s::KubernetesConfig,
-    #[serde(default)]
     pub explain: ExplainConfig,
     /// SLO triggers: sessions the daemon records by itself.
-    #[serde(default)]
     pub triggers: TriggersConfig,
 }
 
 /// Stall explanations ("why was this token late").
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct ExplainConfig {
     /// A chunk whose gap (or send-queue hold) is at least this long gets a
     /// cause breakdown in the timeline's `stalls`.
@@ -78,37 +71,12 @@ pub struct ExplainConfig {
 
 impl Default for ExplainConfig {
     fn default() -> Self {
-        Self {
-            stall_threshold: Duration::from_millis(30),
-            min_interval: Duration::from_millis(1),
-            history: Duration::from_secs(120),
-        }
+        defaults::section("explain")
     }
 }
 
-fn default_endpoints() -> Vec<String> {
-    [
-        "/v1/chat/completions",
-        "/v1/completions",
-        "/v1/messages",
-        "/v1/responses",
-        "/generate",
-        "/generate_stream",
-        "/completion",
-        "/api/generate",
-        "/api/chat",
-        "/invocations",
-        // gRPC (the path is /package.Service/Method): Triton and KServe v2
-        // (ModelInfer, ModelStreamInfer), TGI's text generation service.
-        "/inference.GRPCInferenceService",
-        "/generate.v2.TextGenerationService",
-    ]
-    .map(String::from)
-    .to_vec()
-}
-
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct CaptureConfig {
     pub bytes: u32,
     pub wakeup_bytes: u64,
@@ -118,7 +86,7 @@ pub struct CaptureConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct StitchSection {
     #[serde(with = "humantime_serde")]
     pub idle_timeout: Duration,
@@ -145,7 +113,7 @@ impl StitchSection {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct DiscoveryConfig {
     pub demote_after_requests: u32,
     /// Uprobes for every process mapping a probed library, not only the
@@ -154,69 +122,55 @@ pub struct DiscoveryConfig {
 }
 
 impl Default for Config {
+    /// The embedded default configuration.
     fn default() -> Self {
-        Self {
-            capture: CaptureConfig::default(),
-            endpoints: default_endpoints(),
-            stitch: StitchSection::default(),
-            discovery: DiscoveryConfig::default(),
-            explain: ExplainConfig::default(),
-            export: crate::export::ExportConfig::default(),
-            kubernetes: crate::k8s::KubernetesConfig::default(),
-            triggers: TriggersConfig::default(),
-        }
+        defaults::section("")
     }
 }
 
 impl Default for CaptureConfig {
     fn default() -> Self {
-        Self {
-            bytes: 8192,
-            wakeup_bytes: 256 * 1024,
-            ring_buffer_bytes: 16 << 20,
-            poll_interval: Duration::from_millis(10),
-        }
+        defaults::section("capture")
     }
 }
 
 impl Default for StitchSection {
     fn default() -> Self {
-        Self {
-            idle_timeout: Duration::from_secs(300),
-            max_connections: 65536,
-            max_buffered_bytes: 1 << 20,
-            request_id_headers: vec![crate::stitch::DEFAULT_REQUEST_ID_HEADER.to_string()],
-        }
+        defaults::section("stitch")
     }
 }
 
 impl Default for DiscoveryConfig {
     fn default() -> Self {
-        Self {
-            demote_after_requests: 32,
-            uprobes_all_processes: false,
-        }
+        defaults::section("discovery")
     }
 }
 
 impl Config {
-    /// The embedded default, or `path` parsed on its own (keys it omits keep
-    /// their built-in defaults).
+    /// The embedded default, or `path` laid over it (keys it omits keep
+    /// their defaults), checked.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
-        let (text, origin) = match path {
-            Some(path) => (
-                std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let config = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.display().to_string(),
                     source,
-                })?,
-                path.display().to_string(),
-            ),
-            None => (DEFAULT_CONFIG.to_string(), "(embedded default)".to_string()),
+                })?;
+                Self::parse(&text, &path.display().to_string())?
+            }
+            None => Self::default(),
         };
-        let config: Config =
-            serde_yaml::from_str(&text).map_err(|source| ConfigError::Parse { origin, source })?;
         config.validate()?;
         Ok(config)
+    }
+
+    /// A user file's text laid over the embedded default (not yet
+    /// validated); `origin` names it in errors.
+    pub fn parse(text: &str, origin: &str) -> Result<Self, ConfigError> {
+        defaults::section_with("", text).map_err(|source| ConfigError::Parse {
+            origin: origin.to_string(),
+            source,
+        })
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -268,11 +222,21 @@ mod tests {
     #[test]
     fn embedded_default_parses_and_is_valid() {
         let config = Config::load(None).expect("embedded default config");
+        // Each section's Default reads its own part of the file: the paths
+        // they name must be the ones the whole file puts them at.
+        assert_eq!(config.capture, CaptureConfig::default());
+        assert_eq!(config.stitch, StitchSection::default());
+        assert_eq!(config.discovery, DiscoveryConfig::default());
+        assert_eq!(config.explain, ExplainConfig::default());
+        assert_eq!(config.export, crate::export::ExportConfig::default());
         assert_eq!(
-            config,
-            Config::default(),
-            "embedded YAML and built-in defaults diverged"
+            config.export.sampling,
+            crate::export::SamplingConfig::default()
         );
+        assert_eq!(config.kubernetes, crate::k8s::KubernetesConfig::default());
+        assert_eq!(config.triggers, TriggersConfig::default());
+        assert!(config.triggers.rules.is_empty(), "no trigger by default");
+        assert_eq!(config.triggers.profile_hz, DEFAULT_PROFILE_HZ);
         assert_eq!(config.capture.bytes, 8192);
         assert!(config.endpoints.iter().any(|e| e == "/v1/chat/completions"));
         assert_eq!(config.capture.poll_interval, Duration::from_millis(10));
@@ -280,36 +244,56 @@ mod tests {
 
     #[test]
     fn partial_file_keeps_other_defaults_and_bad_values_are_named() {
-        let partial: Config =
-            serde_yaml::from_str("capture:\n  bytes: 512\n").expect("partial config");
+        let parse = |text: &str| Config::parse(text, "test");
+        let partial = parse("capture:\n  bytes: 512\n").expect("partial config");
         assert_eq!(partial.capture.bytes, 512);
+        assert_eq!(partial.capture.poll_interval, Duration::from_millis(10));
         assert_eq!(partial.stitch.max_connections, 65536);
+        assert_eq!(parse("").expect("empty file"), Config::default());
+        let endpoints = parse("endpoints: [/mine]\n").expect("a list");
+        assert_eq!(
+            endpoints.endpoints,
+            ["/mine"],
+            "a list replaces the default"
+        );
 
-        let too_big: Config = serde_yaml::from_str("capture:\n  bytes: 999999\n").expect("parses");
+        let too_big = parse("capture:\n  bytes: 999999\n").expect("parses");
         let err = too_big
             .validate()
             .expect_err("cap above the kernel maximum");
         assert!(err.to_string().contains("--capture-bytes"), "{err}");
 
-        let ids: Config = serde_yaml::from_str(
-            "stitch:\n  request_id_headers: [X-Correlation-ID, x-request-id]\n",
-        )
-        .expect("parses");
+        let ids = parse("stitch:\n  request_id_headers: [X-Correlation-ID, x-request-id]\n")
+            .expect("parses");
         ids.validate().expect("valid header names");
         assert_eq!(
             &*ids.stitch.stitcher_config().request_id_headers,
             ["x-correlation-id", "x-request-id"]
         );
-        let bad: Config =
-            serde_yaml::from_str("stitch:\n  request_id_headers: ['x request']\n").expect("parses");
+        let bad = parse("stitch:\n  request_id_headers: ['x request']\n").expect("parses");
         let err = bad.validate().expect_err("a space is not allowed");
         assert!(err.to_string().contains("request_id_headers"), "{err}");
 
-        let unknown = serde_yaml::from_str::<Config>("captur:\n  bytes: 1\n");
+        let unknown = parse("captur:\n  bytes: 1\n");
         assert!(
             unknown.is_err(),
             "a misspelt key must be an error, not ignored"
         );
+    }
+
+    #[test]
+    fn a_bad_value_is_named_by_its_key_path_once() {
+        let err = Config::parse("export:\n  retry: {max_backoff: soon}\n", "my.yaml")
+            .expect_err("not a duration");
+        let shown = format!("{:#}", anyhow::Error::from(err));
+        assert!(
+            shown.starts_with("parsing config my.yaml: export.retry.max_backoff: "),
+            "{shown}"
+        );
+        assert_eq!(shown.matches("max_backoff").count(), 1, "{shown}");
+        let err = Config::parse("capture: [1\n", "my.yaml").expect_err("not YAML");
+        let shown = format!("{:#}", anyhow::Error::from(err));
+        assert_eq!(shown.matches("line 2 column 1").count(), 1, "{shown}");
     }
 
     #[test]

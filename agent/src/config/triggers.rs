@@ -108,7 +108,7 @@ fn default_min_requests() -> usize {
 
 /// The whole section. Without rules nothing is kept or evaluated.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct TriggersConfig {
     pub rules: Vec<Rule>,
     /// Where triggered sessions are written, one directory each.
@@ -136,16 +136,7 @@ pub struct TriggersConfig {
 
 impl Default for TriggersConfig {
     fn default() -> Self {
-        Self {
-            rules: Vec::new(),
-            dir: PathBuf::from("/var/lib/tokentrace/triggered"),
-            max_total_mib: 256,
-            before: Duration::from_secs(10),
-            after: Duration::from_secs(20),
-            cooldown: Duration::from_secs(300),
-            history_max_mib: 64,
-            profile_hz: DEFAULT_PROFILE_HZ,
-        }
+        crate::defaults::section("triggers")
     }
 }
 

@@ -29,7 +29,7 @@ pub const REASON_ATTRIBUTE: &str = "tokentrace.sampling.reason";
 
 /// `export.sampling:` in the YAML config.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct SamplingConfig {
     /// Fraction (0 to 1) of the requests no rule keeps whose spans are
     /// exported anyway.
@@ -54,15 +54,7 @@ pub struct SamplingConfig {
 
 impl Default for SamplingConfig {
     fn default() -> Self {
-        Self {
-            base_rate: 1.0,
-            slow_ttft: None,
-            slow_e2e: None,
-            slow_itl: None,
-            keep_aborted: true,
-            keep_cancelled: true,
-            keep_stalled: true,
-        }
+        crate::defaults::section("export.sampling")
     }
 }
 

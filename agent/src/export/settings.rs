@@ -3,7 +3,7 @@
 //! resolved into one [`ExportSettings`].
 //!
 //! Precedence, highest first: command line, config file, `OTEL_*`
-//! variables, built-in defaults. The file is explicit configuration, like
+//! variables, the embedded defaults. The file is explicit configuration, like
 //! code that configures an SDK, so it beats the ambient environment. No
 //! endpoint anywhere means no OTLP export at all (and no error messages).
 
@@ -22,9 +22,9 @@ use super::sampling::{Sampling, SamplingConfig};
 use super::spans::SpanSettings;
 
 /// `export:` in the YAML config. Keys left `null` fall back to the
-/// `OTEL_*` environment variables, then to built-in defaults.
+/// `OTEL_*` environment variables, then to the embedded defaults.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct ExportConfig {
     pub otlp: OtlpConfig,
     /// `host:port` of the Prometheus text endpoint (`--metrics-addr`).
@@ -61,7 +61,7 @@ pub struct ExportConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct OtlpConfig {
     /// Collector URL (`--otlp-endpoint`, `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub endpoint: Option<String>,
@@ -77,7 +77,7 @@ pub struct OtlpConfig {
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[serde(deny_unknown_fields)]
 pub struct RetryConfig {
     #[serde(with = "humantime_serde")]
     pub initial_backoff: Duration,
@@ -90,46 +90,19 @@ pub struct RetryConfig {
 
 impl Default for ExportConfig {
     fn default() -> Self {
-        Self {
-            otlp: OtlpConfig::default(),
-            prometheus_addr: None,
-            metrics_interval: None,
-            max_series: 2000,
-            queue_size: 2048,
-            batch_size: 256,
-            batch_timeout: Duration::from_millis(500),
-            retry: RetryConfig::default(),
-            stall_threshold: Duration::from_millis(250),
-            chunk_events: false,
-            max_span_events: 256,
-            sampling: SamplingConfig::default(),
-            service_name: None,
-            service_names: BTreeMap::new(),
-            resource_attributes: BTreeMap::new(),
-        }
+        crate::defaults::section("export")
     }
 }
 
 impl Default for OtlpConfig {
     fn default() -> Self {
-        Self {
-            endpoint: None,
-            protocol: None,
-            headers: BTreeMap::new(),
-            timeout: None,
-            traces: true,
-            metrics: true,
-        }
+        crate::defaults::section("export.otlp")
     }
 }
 
 impl Default for RetryConfig {
     fn default() -> Self {
-        Self {
-            initial_backoff: Duration::from_millis(500),
-            max_backoff: Duration::from_secs(5),
-            max_elapsed: Duration::from_secs(30),
-        }
+        crate::defaults::section("export.retry")
     }
 }
 
@@ -576,7 +549,7 @@ mod tests {
     #[test]
     fn sampling_comes_from_the_config_and_a_bad_rate_is_refused() {
         let yaml = "sampling: {base_rate: 0.25, slow_ttft: 500ms, keep_stalled: false}";
-        let config: ExportConfig = serde_yaml::from_str(yaml).expect("valid yaml");
+        let config: ExportConfig = crate::defaults::section_with("export", yaml).expect("valid");
         let s = resolve_with(&config, &ExportArgs::default(), &[]).expect("valid");
         assert_eq!(
             s.sampling,
@@ -594,7 +567,8 @@ mod tests {
                 .sampling,
             Sampling::keep_all()
         );
-        let bad: ExportConfig = serde_yaml::from_str("sampling: {base_rate: 2}").expect("yaml");
+        let bad: ExportConfig =
+            crate::defaults::section_with("export", "sampling: {base_rate: 2}").expect("yaml");
         let err = resolve_with(&bad, &ExportArgs::default(), &[])
             .expect_err("invalid")
             .to_string();

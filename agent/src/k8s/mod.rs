@@ -37,8 +37,8 @@ const NODE_NAME_ENV: &str = "NODE_NAME";
 const SCOPE_SYNC_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// `kubernetes:` in the YAML config.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields, default)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct KubernetesConfig {
     /// Trace only processes in pods of these namespaces (`--k8s-namespace`).
     pub namespaces: Vec<String>,
@@ -48,6 +48,12 @@ pub struct KubernetesConfig {
     /// Pod labels copied onto resources as `k8s.pod.label.<key>`. Empty by
     /// default: every label would be a new series dimension in backends.
     pub pod_labels: Vec<String>,
+}
+
+impl Default for KubernetesConfig {
+    fn default() -> Self {
+        crate::defaults::section("kubernetes")
+    }
 }
 
 /// Kubernetes flags of `tokentrace run`; they replace the config's values.
@@ -348,10 +354,10 @@ mod tests {
             pod_filter(&config, &bad),
             Err(K8sError::Selector(_))
         ));
-        let parsed: KubernetesConfig =
-            serde_yaml::from_str("namespaces: [llm]\npod_labels: [app]\n").expect("yaml");
+        let parse = |yaml| crate::defaults::section_with::<KubernetesConfig>("kubernetes", yaml);
+        let parsed = parse("namespaces: [llm]\npod_labels: [app]\n").expect("yaml");
         assert_eq!(parsed.namespaces, vec!["llm".to_string()]);
-        assert!(serde_yaml::from_str::<KubernetesConfig>("namespace: [x]\n").is_err());
+        assert!(parse("namespace: [x]\n").is_err());
     }
 
     #[tokio::test]
