@@ -14,6 +14,7 @@
 //! DaemonSet layout) and let that one talk TLS.
 
 use std::fmt;
+use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -204,26 +205,14 @@ impl OtlpClient {
         &self,
         request: ExportTraceServiceRequest,
     ) -> Result<u64, SendError> {
-        match &self.transport {
-            Transport::Grpc { channel, headers } => {
-                let mut client = TraceServiceClient::new(channel.clone());
-                let response = client
-                    .export(grpc_request(request, headers))
-                    .await
-                    .map_err(grpc_error)?;
-                Ok(response
-                    .into_inner()
-                    .partial_success
-                    .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0)))
-            }
-            Transport::Http { .. } => {
-                let response: ExportTraceServiceResponse =
-                    self.post(request.encode_to_vec()).await?;
-                Ok(response
-                    .partial_success
-                    .map_or(0, |p| u64::try_from(p.rejected_spans).unwrap_or(0)))
-            }
-        }
+        let response: ExportTraceServiceResponse = self
+            .send(request, |channel, request| async move {
+                TraceServiceClient::new(channel).export(request).await
+            })
+            .await?;
+        Ok(response
+            .partial_success
+            .map_or(0, |p| rejected(p.rejected_spans)))
     }
 
     /// Sends metrics; `Ok` carries the number of data points rejected.
@@ -231,72 +220,88 @@ impl OtlpClient {
         &self,
         request: ExportMetricsServiceRequest,
     ) -> Result<u64, SendError> {
-        match &self.transport {
-            Transport::Grpc { channel, headers } => {
-                let mut client = MetricsServiceClient::new(channel.clone());
-                let response = client
-                    .export(grpc_request(request, headers))
-                    .await
-                    .map_err(grpc_error)?;
-                Ok(response
-                    .into_inner()
-                    .partial_success
-                    .map_or(0, |p| u64::try_from(p.rejected_data_points).unwrap_or(0)))
-            }
-            Transport::Http { .. } => {
-                let response: ExportMetricsServiceResponse =
-                    self.post(request.encode_to_vec()).await?;
-                Ok(response
-                    .partial_success
-                    .map_or(0, |p| u64::try_from(p.rejected_data_points).unwrap_or(0)))
-            }
-        }
+        let response: ExportMetricsServiceResponse = self
+            .send(request, |channel, request| async move {
+                MetricsServiceClient::new(channel).export(request).await
+            })
+            .await?;
+        Ok(response
+            .partial_success
+            .map_or(0, |p| rejected(p.rejected_data_points)))
     }
 
-    async fn post<R: Message + Default>(&self, body: Vec<u8>) -> Result<R, SendError> {
-        let Transport::Http {
-            client,
-            uri,
-            headers,
-        } = &self.transport
-        else {
-            return Err(SendError::Permanent(
-                "internal: HTTP post on a gRPC client".into(),
-            ));
-        };
-        let mut request = Request::post(uri.clone())
-            .header("content-type", "application/x-protobuf")
-            .body(Full::new(Bytes::from(body)))
-            .map_err(|err| SendError::Permanent(format!("building the request: {err}")))?;
-        request.headers_mut().extend(headers.clone());
-        let exchange = async {
-            let response = client
-                .request(request)
-                .await
-                .map_err(|err| retryable(format!("POST {uri}: {err}")))?;
-            let status = response.status();
-            let retry_after = response
-                .headers()
-                .get("retry-after")
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
-            let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            Ok::<_, SendError>((status, retry_after, body))
-        };
-        let (status, retry_after, body) = tokio::time::timeout(self.timeout, exchange)
-            .await
-            .map_err(|_| {
-                retryable(format!("POST {uri}: no response within {:?}", self.timeout))
-            })??;
-        classify_http(status, retry_after)?;
-        // an empty or non-protobuf 2xx body is a plain success
-        Ok(R::decode(body).unwrap_or_default())
+    /// One export over whichever transport this client has, with the
+    /// failure classified per that transport's spec. `grpc` is the signal's
+    /// generated service call (the only part that differs by signal); HTTP
+    /// needs only the encoded request.
+    async fn send<Req, Resp, Call, Fut>(&self, request: Req, grpc: Call) -> Result<Resp, SendError>
+    where
+        Req: Message,
+        Resp: Message + Default,
+        Call: FnOnce(Channel, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        match &self.transport {
+            Transport::Grpc { channel, headers } => {
+                grpc(channel.clone(), grpc_request(request, headers))
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(grpc_error)
+            }
+            Transport::Http {
+                client,
+                uri,
+                headers,
+            } => post(client, uri, headers, self.timeout, request.encode_to_vec()).await,
+        }
     }
+}
+
+/// One OTLP/HTTP `POST`, bounded by `timeout` from send to the end of the
+/// (size-limited) response body.
+async fn post<R: Message + Default>(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    uri: &Uri,
+    headers: &HeaderMap,
+    timeout: Duration,
+    body: Vec<u8>,
+) -> Result<R, SendError> {
+    let mut request = Request::post(uri.clone())
+        .header("content-type", "application/x-protobuf")
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|err| SendError::Permanent(format!("building the request: {err}")))?;
+    request.headers_mut().extend(headers.clone());
+    let exchange = async {
+        let response = client
+            .request(request)
+            .await
+            .map_err(|err| retryable(format!("POST {uri}: {err}")))?;
+        let status = response.status();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        Ok::<_, SendError>((status, retry_after, body))
+    };
+    let (status, retry_after, body) = tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| retryable(format!("POST {uri}: no response within {timeout:?}")))??;
+    classify_http(status, retry_after)?;
+    // an empty or non-protobuf 2xx body is a plain success
+    Ok(R::decode(body).unwrap_or_default())
+}
+
+/// A partial-success rejected count; a negative one (a broken backend)
+/// counts as none.
+fn rejected(count: i64) -> u64 {
+    u64::try_from(count).unwrap_or(0)
 }
 
 fn grpc_request<T>(message: T, headers: &HeaderMap) -> tonic::Request<T> {
