@@ -274,46 +274,16 @@ pub fn run_h2_client(kind: H2Client, port: u16, args: &[&str], expected: usize) 
 /// compare's one-record-per-path matching is by request id. A cancel the
 /// client did itself is not an abort of the client's.
 pub fn client_record(v: &Value, key_by_request_id: bool, tls: bool) -> ClientRecord {
-    let u64s = |k: &str| -> Vec<u64> {
-        v.get(k)
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_u64).collect())
-            .unwrap_or_default()
-    };
-    let path = if key_by_request_id {
-        str_field(v, "request_id").unwrap_or_default()
-    } else {
-        str_field(v, "path").unwrap_or_default()
-    };
-    // gRPC: HTTP status 200 is implied by any status the client saw
-    let status = v
-        .get("status")
-        .and_then(Value::as_u64)
-        .or_else(|| v.get("grpc_status").and_then(Value::as_u64).map(|_| 200));
-    ClientRecord {
-        path,
-        status,
-        response_id: str_field(v, "response_id"),
-        chunks: v.get("chunks").and_then(Value::as_u64).unwrap_or(0),
-        t_send_ns: v.get("t_send_ns").and_then(Value::as_u64),
-        chunk_arrival_ns: u64s("chunk_arrival_ns"),
-        server_write_ns: v
-            .get("server_write_ns")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().map(Value::as_u64).collect())
-            .unwrap_or_default(),
-        server_req_ns: v.get("server_req_ns").and_then(Value::as_u64),
-        ttft_ns: v.get("ttft_ns").and_then(Value::as_u64),
-        e2e_ns: v.get("e2e_ns").and_then(Value::as_u64),
-        aborted: v.get("aborted").and_then(Value::as_bool).unwrap_or(false),
-        error: str_field(v, "error"),
-        body_kind: str_field(v, "body_kind"),
-        seq: v.get("seq").and_then(Value::as_u64),
-        concurrency: 1,
-        tls,
-        client_addr: str_field(v, "client_addr"),
-        raw: v.clone(),
+    let mut record = ClientRecord::from_value(v.clone());
+    if key_by_request_id {
+        record.path = str_field(v, "request_id").unwrap_or_default();
     }
+    // gRPC: HTTP status 200 is implied by any status the client saw
+    record.status = record
+        .status
+        .or_else(|| v.get("grpc_status").and_then(Value::as_u64).map(|_| 200));
+    record.tls = tls;
+    record
 }
 
 /// Agent lines with `path` replaced by `request_id` (see [`client_record`]);

@@ -488,33 +488,7 @@ impl Agent {
         paths: &BTreeSet<String>,
         timeout: Duration,
     ) -> BTreeSet<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.drain();
-            let seen: BTreeSet<String> = self
-                .lines
-                .iter()
-                .filter_map(|l| str_field(&l.v, "path"))
-                .collect();
-            let missing: BTreeSet<String> = paths.difference(&seen).cloned().collect();
-            if missing.is_empty() || Instant::now() >= deadline {
-                return missing;
-            }
-            if self.proc.try_exit().is_some() {
-                // stdout may still hold lines: give the reader a moment
-                thread::sleep(Duration::from_millis(200));
-                self.drain();
-                let seen: BTreeSet<String> = self
-                    .lines
-                    .iter()
-                    .filter_map(|l| str_field(&l.v, "path"))
-                    .collect();
-                return paths.difference(&seen).cloned().collect();
-            }
-            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
-                self.lines.push(l);
-            }
-        }
+        self.wait_for_values("path", paths, timeout)
     }
 
     /// Collects lines until one has each of `wanted` as its string field
@@ -526,36 +500,72 @@ impl Agent {
         wanted: &BTreeSet<String>,
         timeout: Duration,
     ) -> BTreeSet<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.drain();
-            let seen: BTreeSet<String> = self
-                .lines
-                .iter()
-                .filter_map(|l| str_field(&l.v, key))
-                .collect();
-            let missing: BTreeSet<String> = wanted.difference(&seen).cloned().collect();
-            if missing.is_empty() || Instant::now() >= deadline || self.proc.try_exit().is_some() {
-                return missing;
-            }
-            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
-                self.lines.push(l);
-            }
-        }
+        self.wait_for(
+            timeout,
+            |agent| {
+                let seen: BTreeSet<String> = agent
+                    .lines
+                    .iter()
+                    .filter_map(|l| str_field(&l.v, key))
+                    .collect();
+                wanted.difference(&seen).cloned().collect()
+            },
+            BTreeSet::is_empty,
+        )
     }
 
     /// Waits for the first line whose `path` is `path`.
     pub fn wait_for_path(&mut self, path: &str, timeout: Duration) -> Option<AgentLine> {
-        let mut set = BTreeSet::new();
-        set.insert(path.to_string());
-        let missing = self.wait_for_paths(&set, timeout);
-        if missing.is_empty() {
-            self.lines
-                .iter()
-                .find(|l| str_field(&l.v, "path").as_deref() == Some(path))
-                .cloned()
-        } else {
-            None
+        self.wait_for_field("path", path, timeout)
+    }
+
+    /// Waits for the first line whose string field `key` is `value`.
+    fn wait_for_field(&mut self, key: &str, value: &str, timeout: Duration) -> Option<AgentLine> {
+        self.wait_for(
+            timeout,
+            |agent| {
+                agent
+                    .lines
+                    .iter()
+                    .find(|l| str_field(&l.v, key).as_deref() == Some(value))
+                    .cloned()
+            },
+            Option::is_some,
+        )
+    }
+
+    /// The one wait loop of the helpers above and below: collects the
+    /// agent's lines and judges them with `judge` until `done` holds for its
+    /// verdict or `timeout` passes. If the agent exits meanwhile, what it
+    /// printed before exiting is read (up to 2 s for the reader to reach
+    /// EOF) and judged once more. Returns the last verdict.
+    fn wait_for<T>(
+        &mut self,
+        timeout: Duration,
+        judge: impl Fn(&Agent) -> T,
+        done: impl Fn(&T) -> bool,
+    ) -> T {
+        let deadline = Instant::now() + timeout;
+        loop {
+            self.drain();
+            let verdict = judge(self);
+            if done(&verdict) || Instant::now() >= deadline {
+                return verdict;
+            }
+            if self.proc.try_exit().is_some() {
+                let until = Instant::now() + Duration::from_secs(2);
+                while Instant::now() < until {
+                    match self.rx.recv_timeout(Duration::from_millis(50)) {
+                        Ok(l) => self.lines.push(l),
+                        Err(RecvTimeoutError::Disconnected) => break,
+                        Err(RecvTimeoutError::Timeout) => {}
+                    }
+                }
+                return judge(self);
+            }
+            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
+                self.lines.push(l);
+            }
         }
     }
 
@@ -686,6 +696,8 @@ pub struct ClientRecord {
 }
 
 impl ClientRecord {
+    /// The fields every measuring client prints under the same names
+    /// (stream_client.py here, the HTTP/2 clients through [`h2::client_record`]).
     fn from_value(v: Value) -> Self {
         let u64s = |k: &str| -> Vec<u64> {
             v.get(k)
@@ -761,12 +773,8 @@ impl ClientRun {
 
 /// Runs the client to completion (3 min limit) and returns its records.
 pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
-    let script = repo_root().join("tests/clients/stream_client.py");
-    let mut cmd = Command::new(python());
-    cmd.arg("-u")
-        .arg(&script)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--path", run.path])
+    let mut cmd = client_command("stream_client.py", port);
+    cmd.args(["--path", run.path])
         .args(["--requests", &run.requests.to_string()])
         .args(["--concurrency", &run.concurrency.to_string()])
         .arg(if run.stream {
@@ -790,57 +798,88 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
     if let Some(s) = run.sse_impl {
         cmd.args(["--sse-impl", s]);
     }
+    let records = run_to_records(
+        "stream_client.py",
+        &mut cmd,
+        Duration::from_secs(180),
+        run.requests as usize,
+        run,
+    );
+    records
+        .into_iter()
+        .map(|v| {
+            let mut r = ClientRecord::from_value(v);
+            r.concurrency = run.concurrency;
+            r.tls = run.tls;
+            r
+        })
+        .collect()
+}
+
+/// `python3 -u tests/clients/<script> --host 127.0.0.1 --port <port>`.
+fn client_command(script: &str, port: u16) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg("-u")
+        .arg(repo_root().join("tests/clients").join(script))
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()]);
+    cmd
+}
+
+/// Runs a measuring client (`name`, for messages) to completion within
+/// `limit` and returns the JSON records it printed on stdout, one a line.
+/// It must exit 0 and print exactly `expected` records; `what` (the run's
+/// arguments) goes into the timeout message.
+fn run_to_records(
+    name: &str,
+    cmd: &mut Command,
+    limit: Duration,
+    expected: usize,
+    what: &dyn std::fmt::Debug,
+) -> Vec<Value> {
     let mut child = cmd
         .current_dir(repo_root())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start the client {}: {e}", script.display()));
+        .unwrap_or_else(|e| panic!("cannot start the client {name}: {e}"));
     let mut out = child.stdout.take().expect("client stdout is piped");
+    // read concurrently, so a client with much to say never blocks on a
+    // full pipe while we wait for it to exit
     let reader = thread::spawn(move || {
         let mut s = String::new();
         let _ = out.read_to_string(&mut s);
         s
     });
-    let stderr = pump_stderr("stream_client.py", &mut child);
-    let mut proc = Proc {
-        name: "stream_client.py".into(),
-        child,
-        stderr,
-        exited: None,
-    };
-    let st = proc.wait_timeout(Duration::from_secs(180));
-    let Some(st) = st else {
-        panic!("stream_client.py did not finish within 180 s ({run:?})");
+    let mut proc = Proc::guard(name, child);
+    let Some(st) = proc.wait_timeout(limit) else {
+        panic!(
+            "{name} did not finish within {} s ({what:?})",
+            limit.as_secs()
+        );
     };
     let stdout = reader.join().unwrap_or_default();
     assert!(
         st.success(),
-        "stream_client.py failed ({st}); stderr:\n{}",
+        "{name} failed ({st}); stderr:\n{}",
         proc.stderr.tail(40)
     );
-    let recs: Vec<ClientRecord> = stdout
+    let records: Vec<Value> = stdout
         .lines()
         .filter(|l| !l.trim().is_empty())
         .map(|l| {
-            let mut r = ClientRecord::from_value(
-                serde_json::from_str(l)
-                    .unwrap_or_else(|e| panic!("client printed a bad JSON line {l:?}: {e}")),
-            );
-            r.concurrency = run.concurrency;
-            r.tls = run.tls;
-            r
+            serde_json::from_str(l)
+                .unwrap_or_else(|e| panic!("{name} printed a bad JSON line {l:?}: {e}"))
         })
         .collect();
     assert_eq!(
-        recs.len(),
-        run.requests as usize,
-        "client printed {} records for {} requests",
-        recs.len(),
-        run.requests
+        records.len(),
+        expected,
+        "{name} printed {} records for {expected} requests; stderr:\n{}",
+        records.len(),
+        proc.stderr.tail(40)
     );
-    recs
+    records
 }
 
 // ------------------------------------------------------------- comparison
@@ -1736,127 +1775,47 @@ pub fn run_explain_client_with(
     stagger_ms: f64,
     extra: &[&str],
 ) -> Vec<Value> {
-    let script = repo_root().join("tests/clients/explain_client.py");
-    let mut cmd = Command::new(python());
-    cmd.arg("-u")
-        .arg(&script)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        .args(["--stagger-ms", &stagger_ms.to_string()])
+    let mut cmd = client_command("explain_client.py", port);
+    cmd.args(["--stagger-ms", &stagger_ms.to_string()])
         .args(extra);
     for r in requests {
         cmd.arg("--request").arg(r.to_string());
     }
-    let mut child = cmd
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", script.display()));
-    let mut out = child.stdout.take().expect("client stdout is piped");
-    let reader = thread::spawn(move || {
-        let mut s = String::new();
-        let _ = out.read_to_string(&mut s);
-        s
-    });
-    let stderr = pump_stderr("explain_client.py", &mut child);
-    let mut proc = Proc {
-        name: "explain_client.py".into(),
-        child,
-        stderr,
-        exited: None,
-    };
-    let Some(st) = proc.wait_timeout(Duration::from_secs(120)) else {
-        panic!("explain_client.py did not finish within 120 s ({requests:?})");
-    };
-    let stdout = reader.join().unwrap_or_default();
-    assert!(
-        st.success(),
-        "explain_client.py failed ({st}); stderr:\n{}",
-        proc.stderr.tail(40)
-    );
-    let recs: Vec<Value> = stdout
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| {
-            serde_json::from_str(l)
-                .unwrap_or_else(|e| panic!("explain_client.py printed a bad JSON line {l:?}: {e}"))
-        })
-        .collect();
-    assert_eq!(
-        recs.len(),
+    run_to_records(
+        "explain_client.py",
+        &mut cmd,
+        Duration::from_secs(120),
         requests.len(),
-        "explain_client.py printed {} records for {} requests: {stdout}",
-        recs.len(),
-        requests.len()
-    );
-    recs
+        &requests,
+    )
 }
 
 impl Agent {
     /// Waits for the first record whose `response_id` is `id`.
     pub fn wait_for_response_id(&mut self, id: &str, timeout: Duration) -> Option<AgentLine> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.drain();
-            if let Some(l) = self
-                .lines
-                .iter()
-                .find(|l| str_field(&l.v, "response_id").as_deref() == Some(id))
-            {
-                return Some(l.clone());
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            if self.proc.try_exit().is_some() {
-                thread::sleep(Duration::from_millis(200));
-                self.drain();
-                return self
-                    .lines
-                    .iter()
-                    .find(|l| str_field(&l.v, "response_id").as_deref() == Some(id))
-                    .cloned();
-            }
-            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
-                self.lines.push(l);
-            }
-        }
+        self.wait_for_field("response_id", id, timeout)
     }
 
     /// Collects lines until `done` holds for them or the timeout passes;
     /// returns whether it held.
     pub fn wait_until(&mut self, timeout: Duration, done: impl Fn(&[AgentLine]) -> bool) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            self.drain();
-            if done(&self.lines) {
-                return true;
-            }
-            if Instant::now() >= deadline || self.proc.try_exit().is_some() {
-                return false;
-            }
-            if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
-                self.lines.push(l);
-            }
-        }
+        self.wait_for(timeout, |agent| done(&agent.lines), |held| *held)
     }
 
     /// Waits until every one of `needles` occurs in some stderr line (the
     /// agent's log); returns those still missing at the timeout.
     pub fn wait_for_log(&mut self, needles: &[&str], timeout: Duration) -> Vec<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let lines = self.proc.stderr.lines();
-            let missing: Vec<String> = needles
-                .iter()
-                .filter(|n| !lines.iter().any(|l| l.contains(**n)))
-                .map(|n| n.to_string())
-                .collect();
-            if missing.is_empty() || Instant::now() >= deadline || self.proc.try_exit().is_some() {
-                return missing;
-            }
-            thread::sleep(Duration::from_millis(50));
-        }
+        self.wait_for(
+            timeout,
+            |agent| {
+                let lines = agent.proc.stderr.lines();
+                needles
+                    .iter()
+                    .filter(|n| !lines.iter().any(|l| l.contains(**n)))
+                    .map(|n| n.to_string())
+                    .collect()
+            },
+            Vec::is_empty,
+        )
     }
 }
