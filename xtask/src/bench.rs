@@ -44,7 +44,9 @@ use anyhow::{bail, Context, Result};
 use crate::deps::{self, Scope};
 use crate::native;
 use crate::util::{self, free_port, start_server, Guard};
+use agent::{summary, TracingAgent};
 
+mod agent;
 mod grpc;
 mod replay;
 mod tls;
@@ -84,10 +86,8 @@ fn parse(args: &[String]) -> Result<Options> {
         grpc: true,
         vllm: true,
     };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    for (flag, value) in flag_values(args)? {
+        match flag {
             "--rounds" => opts.rounds = value.parse()?,
             "--seconds" => opts.seconds = value.parse()?,
             "--connections" => opts.connections = value.parse()?,
@@ -112,33 +112,41 @@ fn parse(args: &[String]) -> Result<Options> {
     Ok(opts)
 }
 
-fn client(port: u16, opts: &Options) -> Result<f64> {
-    let out = Command::new("python3")
-        .arg(util::root().join(FLOOD))
-        .args([
-            "client",
-            "--port",
-            &port.to_string(),
-            "--seconds",
-            &opts.seconds.to_string(),
-            "--connections",
-            &opts.connections.to_string(),
-        ])
+/// The `--flag value` pairs of a bench command line (every flag takes a
+/// value).
+fn flag_values(args: &[String]) -> Result<Vec<(&str, &str)>> {
+    let mut it = args.iter();
+    let mut pairs = Vec::new();
+    while let Some(flag) = it.next() {
+        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
+        pairs.push((flag.as_str(), value.as_str()));
+    }
+    Ok(pairs)
+}
+
+/// One sse_flood.py client run against `port` (HTTPS with `tls`): events/s.
+fn flood_client(port: u16, connections: u32, seconds: f64, tls: bool) -> Result<f64> {
+    let what = if tls {
+        "TLS flood client"
+    } else {
+        "flood client"
+    };
+    let mut cmd = Command::new("python3");
+    cmd.arg(util::root().join(FLOOD)).arg("client");
+    if tls {
+        cmd.arg("--tls");
+    }
+    let out = cmd
+        .args(["--port", &port.to_string()])
+        .args(["--seconds", &seconds.to_string()])
+        .args(["--connections", &connections.to_string()])
         .output()
-        .context("running the flood client")?;
+        .with_context(|| format!("running the {what}"))?;
     if !out.status.success() {
-        bail!(
-            "flood client failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let rate = text
-        .split("\"events_per_s\":")
-        .nth(1)
-        .and_then(|rest| rest.trim().trim_end_matches('}').trim().parse::<f64>().ok())
-        .with_context(|| format!("unexpected client output: {text}"))?;
-    Ok(rate)
+    json_number(&text, "events_per_s").with_context(|| format!("unexpected client output: {text}"))
 }
 
 /// utime + stime of `pid`, in clock ticks.
@@ -171,61 +179,6 @@ struct Traced {
     summary: String,
 }
 
-/// `tokentrace run --pid P --output json`, started and ready, its stderr
-/// lines collected.
-struct TracingAgent {
-    guard: Guard,
-    pid: u32,
-    stderr: Receiver<String>,
-}
-
-impl TracingAgent {
-    fn start(agent_bin: &Path, server_pid: u32) -> Result<Self> {
-        let mut child = Command::new(agent_bin)
-            .args(["run", "--pid", &server_pid.to_string(), "--output", "json"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the agent")?;
-        let stderr = child.stderr.take().context("agent stderr")?;
-        let pid = child.id();
-        let guard = Guard(child);
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        loop {
-            let line = rx
-                .recv_timeout(Duration::from_secs(60))
-                .context("agent never became ready")?;
-            if line.contains("tokentrace: ready") {
-                break;
-            }
-        }
-        Ok(Self {
-            guard,
-            pid,
-            stderr: rx,
-        })
-    }
-
-    /// Stops the agent; returns the stderr lines printed since it was ready
-    /// (its summary among them).
-    ///
-    /// SIGTERM, not SIGINT: the agent listens for SIGINT only while its run
-    /// loop waits (tokio::signal::ctrl_c() made anew each turn), so under an
-    /// event flood a SIGINT usually arrives while it handles a batch and is
-    /// lost (the agent then runs on). Its SIGTERM listener lives for the
-    /// whole run; both stop it the same way.
-    fn stop(mut self) -> Result<Vec<String>> {
-        util::status("kill", &["-TERM", &self.pid.to_string()])?;
-        self.guard.0.wait()?;
-        Ok(self.stderr.try_iter().collect())
-    }
-}
-
 fn traced_round(
     agent_bin: &std::path::Path,
     server_pid: u32,
@@ -235,22 +188,18 @@ fn traced_round(
     let agent = TracingAgent::start(agent_bin, server_pid)?;
     let agent_pid = agent.pid;
     let ticks_before = cpu_ticks(agent_pid)?;
-    let rate = client(port, opts)?;
+    let rate = flood_client(port, opts.connections, opts.seconds, false)?;
     let ticks = cpu_ticks(agent_pid)? - ticks_before;
     // Let the agent drain what the last requests produced before stopping it.
     std::thread::sleep(Duration::from_millis(300));
     let rss_kib = peak_rss_kib(agent_pid)?;
-    let summary: Vec<String> = agent
-        .stop()?
-        .into_iter()
-        .filter(|l| l.contains("events:") || l.contains("requests:"))
-        .collect();
+    let summary = summary(&agent.stop()?, &["events:", "requests:"]);
     let clk_tck = 100.0; // USER_HZ on Linux
     Ok(Traced {
         rate,
         cpu_percent: ticks as f64 / clk_tck / opts.seconds * 100.0,
         rss_kib,
-        summary: summary.join(" | "),
+        summary,
     })
 }
 
@@ -309,16 +258,10 @@ fn sse(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
     let server_pid = server.0.id();
 
     // Warm-up: first connections and Python's caches.
-    client(
-        port,
-        &Options {
-            seconds: 1.0,
-            ..opts
-        },
-    )?;
+    flood_client(port, opts.connections, 1.0, false)?;
     let (mut base, mut traced) = (Vec::new(), Vec::new());
     for round in 0..opts.rounds {
-        let b = client(port, &opts)?;
+        let b = flood_client(port, opts.connections, opts.seconds, false)?;
         let t = traced_round(agent_bin, server_pid, port, &opts)?;
         let line = format!(
             "round {round}: without agent {:.0} events/s, with agent {:.0} events/s (ratio {:.3}); agent CPU {:.1}%, peak RSS {} KiB; {}\n",
@@ -469,48 +412,28 @@ struct CudaTraced {
 /// loop launches nothing until the agent logged its libcudart.so.12
 /// uprobes as attached.
 fn cuda_traced_round(agent_bin: &Path, loop_bin: &Path, opts: &Options) -> Result<CudaTraced> {
-    let mut child = Command::new(agent_bin)
-        .args(["--log-level", "info", "run", "--exe", "launch_loop"])
-        .args(["--output", "json"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .context("starting the agent")?;
-    let agent_pid = child.id();
-    let log = lines_of(child.stderr.take().context("agent stderr")?);
-    let mut agent = Guard(child);
-    let mut seen = Vec::new();
-    wait_for(
-        &log,
-        &mut seen,
-        &["tokentrace: ready"],
+    let mut agent = TracingAgent::spawn(
+        agent_bin,
+        Some("info"),
+        &["--exe", "launch_loop"],
         Duration::from_secs(60),
     )?;
 
     let (guard, out) = start_loop(loop_bin, opts)?;
     let loop_pid = guard.0.id();
     let attach = Duration::from_secs(30);
-    wait_for(
-        &log,
-        &mut seen,
-        &["tracing pid", &loop_pid.to_string()],
-        attach,
-    )
-    .context("the agent did not pick up launch_loop at exec")?;
-    wait_for(
-        &log,
-        &mut seen,
-        &["probing", "libcudart.so.12: CUDA"],
-        attach,
-    )
-    .context("the agent did not attach its CUDA uprobes to libcudart.so.12")?;
+    agent
+        .wait_for(&["tracing pid", &loop_pid.to_string()], attach)
+        .context("the agent did not pick up launch_loop at exec")?;
+    agent
+        .wait_for(&["probing", "libcudart.so.12: CUDA"], attach)
+        .context("the agent did not attach its CUDA uprobes to libcudart.so.12")?;
+    let agent_pid = agent.pid;
     let ticks_before = cpu_ticks(agent_pid)?;
     let run = finish_loop(guard, out, opts)?;
     let ticks = cpu_ticks(agent_pid)? - ticks_before;
     std::thread::sleep(Duration::from_millis(300));
-    util::status("kill", &["-TERM", &agent_pid.to_string()])?; // see traced_round
-    agent.0.wait()?;
-    seen.extend(log.try_iter());
+    let seen = agent.stop()?;
     let events = seen
         .iter()
         .find(|l| l.contains("events:"))

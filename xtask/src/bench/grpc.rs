@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::{cpu_ticks, json_number, median, peak_rss_kib, Options, TracingAgent};
+use super::{cpu_ticks, json_number, median, peak_rss_kib, summary, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
 
 const SERVER: &str = "tests/servers/grpc_stream.py";
@@ -90,12 +90,7 @@ fn traced(
     if agent_chunks < messages {
         bail!("the agent counted {agent_chunks} gRPC messages, the client received {messages}: {json}");
     }
-    let summary = lines
-        .iter()
-        .filter(|l| l.contains("events:") || l.contains("http/2:"))
-        .map(|l| l.trim().to_string())
-        .collect::<Vec<_>>()
-        .join(" | ");
+    let summary = summary(&lines, &["events:", "http/2:"]);
     Ok(Traced {
         rate,
         cpu_percent: ticks as f64 / 100.0 / secs * 100.0, // USER_HZ 100

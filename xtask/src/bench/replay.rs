@@ -34,14 +34,12 @@ fn parse(args: &[String]) -> Result<Options> {
         runs: 3,
         output: "json".into(),
     };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let value = it.next().with_context(|| format!("{flag} needs a value"))?;
-        match flag.as_str() {
+    for (flag, value) in super::flag_values(args)? {
+        match flag {
             "--events" => opts.events = value.parse()?,
             "--connections" => opts.connections = value.parse()?,
             "--runs" => opts.runs = value.parse()?,
-            "--output" if value == "json" || value == "text" => opts.output.clone_from(value),
+            "--output" if value == "json" || value == "text" => opts.output = value.to_string(),
             _ => bail!("{USAGE}"),
         }
     }
@@ -59,15 +57,8 @@ struct Run {
 }
 
 fn number(line: &str, key: &str) -> Result<f64> {
-    let rest = line
-        .split(&format!("\"{key}\":"))
-        .nth(1)
-        .with_context(|| format!("replay_bench printed no {key}: {line}"))?;
-    let end = rest.find([',', '}']).unwrap_or(rest.len());
-    rest[..end]
-        .trim()
-        .parse()
-        .with_context(|| format!("replay_bench: {key} is not a number: {line}"))
+    super::json_number(line, key)
+        .with_context(|| format!("replay_bench printed no number for {key}: {line}"))
 }
 
 /// Runs the benchmark pinned to `cpu`.

@@ -26,12 +26,14 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::{cpu_ticks, median, peak_rss_kib, Options, FLOOD};
+use super::{
+    cpu_ticks, flood_client, json_number, median, peak_rss_kib, summary, Options, TracingAgent,
+    FLOOD,
+};
 
 /// Median; NaN for no sample (every round excluded).
 fn med(values: &mut [f64]) -> f64 {
@@ -70,89 +72,21 @@ fn path_str(p: &Path) -> Result<&str> {
         .with_context(|| format!("non-UTF-8 path {}", p.display()))
 }
 
-/// `"key": <number>` of a one-line JSON object.
-fn json_number(text: &str, key: &str) -> Option<f64> {
-    let rest = text.split(&format!("\"{key}\":")).nth(1)?;
-    rest.split([',', '}']).next()?.trim().parse().ok()
-}
-
-/// One HTTPS flood client run: events/s.
-fn flood_client(port: u16, opts: &Options, seconds: f64) -> Result<f64> {
-    let out = Command::new("python3")
-        .arg(util::root().join(FLOOD))
-        .args(["client", "--tls", "--port", &port.to_string()])
-        .args(["--seconds", &seconds.to_string()])
-        .args(["--connections", &opts.connections.to_string()])
-        .output()
-        .context("running the TLS flood client")?;
-    if !out.status.success() {
-        bail!(
-            "TLS flood client failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    json_number(&text, "events_per_s").with_context(|| format!("unexpected client output: {text}"))
-}
-
-/// The agent tracing `pids`, once it is ready and its OpenSSL probes are
+/// The agent tracing `pid`, once it is ready and its OpenSSL probes are
 /// attached (it logs "probing …: OpenSSL (N probes)" at info level).
-struct Agent {
-    child: Guard,
-    pid: u32,
-    stderr: mpsc::Receiver<String>,
+fn start_agent(agent_bin: &Path, pid: u32) -> Result<TracingAgent> {
+    let limit = Duration::from_secs(60);
+    let selector = ["--pid", &pid.to_string()];
+    let mut agent = TracingAgent::spawn(agent_bin, Some("info"), &selector, limit)?;
+    agent
+        .wait_for(&["probing ", "OpenSSL ("], limit)
+        .context("the agent attached no OpenSSL probes")?;
+    Ok(agent)
 }
 
-impl Agent {
-    fn start(agent_bin: &Path, pids: &[u32]) -> Result<Agent> {
-        let list: Vec<String> = pids.iter().map(u32::to_string).collect();
-        let mut child = Command::new(agent_bin)
-            .args(["run", "--pid", &list.join(","), "--output", "json"])
-            .env("TOKENTRACE_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the agent")?;
-        let stderr = child.stderr.take().context("agent stderr")?;
-        let pid = child.id();
-        let child = Guard(child);
-        let (tx, rx) = mpsc::channel::<String>();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                let _ = tx.send(line);
-            }
-        });
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let (mut ready, mut probing) = (false, false);
-        while !(ready && probing) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let line = rx.recv_timeout(left).with_context(|| {
-                format!("agent not ready with OpenSSL probes (ready: {ready}, probes: {probing})")
-            })?;
-            ready |= line.contains("tokentrace: ready");
-            probing |= line.contains("probing ") && line.contains("OpenSSL (");
-        }
-        Ok(Agent {
-            child,
-            pid,
-            stderr: rx,
-        })
-    }
-
-    /// SIGTERM (as the other sections: agents before c813243 could lose a
-    /// SIGINT sent during a flood); returns the summary's event and request
-    /// lines.
-    fn stop(mut self) -> Result<String> {
-        util::status("kill", &["-TERM", &self.pid.to_string()])?;
-        self.child.0.wait()?;
-        let lines: Vec<String> = self
-            .stderr
-            .try_iter()
-            .filter(|l| l.contains("events:") || l.contains("requests:"))
-            .map(|l| l.trim().to_string())
-            .collect();
-        Ok(lines.join(" | "))
-    }
+/// Stops the agent; returns its summary's event and request lines.
+fn stop_agent(agent: TracingAgent) -> Result<String> {
+    Ok(summary(&agent.stop()?, &["events:", "requests:"]))
 }
 
 /// `sse_flood.py ssl-loop`, handshake done, waiting for its go.
@@ -276,7 +210,7 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
         ],
     )?;
     let server_pid = server.0.id();
-    flood_client(port, opts, 1.0)?; // warm-up
+    flood_client(port, opts.connections, 1.0, true)?; // warm-up
     let (mut base, mut with, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
     let mut rss = 0;
     let mut round = 0;
@@ -285,14 +219,14 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
         if busy(&format!("TLS round {round}"), &mut say) {
             continue;
         }
-        let b = flood_client(port, opts, opts.seconds)?;
-        let agent = Agent::start(agent_bin, &[server_pid])?;
+        let b = flood_client(port, opts.connections, opts.seconds, true)?;
+        let agent = start_agent(agent_bin, server_pid)?;
         let ticks_before = cpu_ticks(agent.pid)?;
-        let t = flood_client(port, opts, opts.seconds)?;
+        let t = flood_client(port, opts.connections, opts.seconds, true)?;
         let ticks = cpu_ticks(agent.pid)? - ticks_before;
         std::thread::sleep(Duration::from_millis(300));
         rss = rss.max(peak_rss_kib(agent.pid)?);
-        let summary = agent.stop()?;
+        let summary = stop_agent(agent)?;
         let cpu_percent = ticks as f64 / 100.0 / opts.seconds * 100.0; // USER_HZ 100
         say(format!(
             "TLS round {round}: without agent {b:.0} events/s, with agent {t:.0} events/s (ratio {:.3}, +{:.2} µs/event); agent CPU {cpu_percent:.1}%; {summary}\n",
@@ -329,13 +263,13 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
         }
         let n = SslLoop::spawn(&cert, &key, opts.seconds)?.go()?;
         // the agent probes libssl for the flood server; the loop is not traced
-        let agent = Agent::start(agent_bin, &[server_pid])?;
+        let agent = start_agent(agent_bin, server_pid)?;
         let u = SslLoop::spawn(&cert, &key, opts.seconds)?.go()?;
-        agent.stop()?;
+        stop_agent(agent)?;
         let lp = SslLoop::spawn(&cert, &key, opts.seconds)?;
-        let agent = Agent::start(agent_bin, &[lp.pid])?;
+        let agent = start_agent(agent_bin, lp.pid)?;
         let tr = lp.go()?;
-        let summary = agent.stop()?;
+        let summary = stop_agent(agent)?;
         say(format!(
             "ssl-loop round {round}: {n:.0} SSL calls/s without agent; {u:.0} untraced ({:+.2} µs/call); {tr:.0} traced ({:+.2} µs/call); {summary}\n",
             extra_us(n, u),

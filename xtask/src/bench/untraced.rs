@@ -26,48 +26,23 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 
-use super::{finish_loop_now, json_number, lines_of, median, start_loop, wait_for, Options, FLOOD};
+use super::{finish_loop_now, json_number, median, start_loop, Options, TracingAgent, FLOOD};
 use crate::util::{self, Guard};
 
 /// A `tokentrace run` picking processes by `selector` (`--pid P`, `--exe
 /// RE`), ready (and with uprobes attached when `uprobes_in` names a file a
 /// picked process maps).
-struct Agent {
-    guard: Guard,
-    pid: u32,
-    /// Its log up to `ready`.
-    log: Vec<String>,
-}
-
-impl Agent {
-    fn start(agent_bin: &Path, selector: &[&str], uprobes_in: Option<&str>) -> Result<Self> {
-        let mut child = Command::new(agent_bin)
-            .args(["--log-level", "info", "run"])
-            .args(selector)
-            .args(["--output", "json"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .context("starting the agent")?;
-        let lines = lines_of(child.stderr.take().context("agent stderr")?);
-        let mut log = Vec::new();
-        let limit = Duration::from_secs(120);
-        if let Some(file) = uprobes_in {
-            wait_for(&lines, &mut log, &["probing", file], limit)?;
-        }
-        wait_for(&lines, &mut log, &["tokentrace: ready"], limit)?;
-        Ok(Agent {
-            pid: child.id(),
-            guard: Guard(child),
-            log,
-        })
+fn start_agent(
+    agent_bin: &Path,
+    selector: &[&str],
+    uprobes_in: Option<&str>,
+) -> Result<TracingAgent> {
+    let limit = Duration::from_secs(120);
+    let mut agent = TracingAgent::spawn(agent_bin, Some("info"), selector, limit)?;
+    if let Some(file) = uprobes_in {
+        agent.wait_for(&["probing", file], limit)?;
     }
-
-    fn stop(mut self) -> Result<()> {
-        util::status("kill", &["-TERM", &self.pid.to_string()])?;
-        self.guard.0.wait()?;
-        Ok(())
-    }
+    Ok(agent)
 }
 
 /// One write-loop run: writes/s.
@@ -103,7 +78,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     let (mut base, mut with) = (Vec::new(), Vec::new());
     for round in 0..opts.rounds {
         let b = write_loop(opts.seconds)?;
-        let agent = Agent::start(agent_bin, &["--pid", &idle.0.id().to_string()], None)?;
+        let agent = start_agent(agent_bin, &["--pid", &idle.0.id().to_string()], None)?;
         let w = write_loop(opts.seconds)?;
         agent.stop()?;
         eprintln!("untraced write-loop round {round}: {b:.0} writes/s without agent, {w:.0} with: ratio {:.4}", w / b);
@@ -130,7 +105,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         // The traced loop holds at its gate: it maps libcudart and has its
         // probes, but launches nothing.
         let (traced, _out) = start_loop(&loop_bin, opts)?;
-        let agent = Agent::start(
+        let agent = start_agent(
             agent_bin,
             &["--pid", &traced.0.id().to_string()],
             Some("libcudart.so.12: CUDA"),
@@ -195,7 +170,7 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
     }
     let slab_before = kib("/proc/meminfo", "Slab")?;
     let started = std::time::Instant::now();
-    let agent = Agent::start(agent_bin, &["--exe", MARKER], None)?;
+    let agent = start_agent(agent_bin, &["--exe", MARKER], None)?;
     let ready = started.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let rss = kib(&format!("/proc/{}/status", agent.pid), "VmRSS")?;
