@@ -7,15 +7,16 @@
 //! node's `process.hrtime.bigint()`), the clock of the agent's timestamps.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
-use std::thread;
+use std::io::Write;
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{python, repo_root, str_field, ClientRecord, Proc};
+use super::{
+    python, python_on_port, repo_root, spawn_piped, stdout_lines, str_field, ClientRecord, Proc,
+};
 
 /// The gRPC method of tests/servers/grpc_stream.py.
 pub const GRPC_PATH: &str = "/tokentrace.test.Streamer/Generate";
@@ -37,59 +38,15 @@ impl H2Server {
     }
 }
 
-/// The lines a child prints on stdout, through a channel.
-fn stdout_lines(child: &mut Child) -> Receiver<String> {
-    let out = child.stdout.take().expect("stdout is piped");
-    let (tx, rx) = mpsc::channel::<String>();
-    thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(l) = line else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// Spawns `cmd` and waits (30 s) for its `READY <port>` line. `hint` says
-/// what to install when it fails to start.
+/// [`super::start_ready`] for an HTTP/2 server.
 fn start_ready(name: &str, cmd: &mut Command, hint: &str) -> H2Server {
-    let mut child = cmd
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {name}: {e} ({hint})"));
-    let rx = stdout_lines(&mut child);
-    let mut proc = Proc::guard(name, child);
-    match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(line) => {
-            let port = line
-                .strip_prefix("READY ")
-                .and_then(|p| p.trim().parse::<u16>().ok())
-                .unwrap_or_else(|| panic!("{name}: expected `READY <port>`, got {line:?}"));
-            eprintln!("[test] {name} ready on port {port}, pid {}", proc.pid());
-            H2Server { proc, port }
-        }
-        Err(e) => {
-            let st = proc.wait_timeout(Duration::from_secs(2));
-            panic!(
-                "{name} printed no READY line ({e:?}, exit {st:?}; {hint}); stderr:\n{}",
-                proc.stderr.tail(40)
-            );
-        }
-    }
+    let (proc, port) = super::start_ready(name, cmd, hint);
+    H2Server { proc, port }
 }
 
 /// tests/servers/grpc_stream.py on a free port (h2c).
 pub fn start_grpc_server() -> H2Server {
-    let script = repo_root().join("tests/servers/grpc_stream.py");
-    let mut cmd = Command::new(python());
-    cmd.arg("-u")
-        .arg(&script)
-        .args(["--host", "127.0.0.1", "--port", "0"]);
+    let mut cmd = python_on_port("tests/servers/grpc_stream.py", 0);
     start_ready(
         "grpc_stream.py",
         &mut cmd,
@@ -152,12 +109,7 @@ pub fn spawn_client(kind: H2Client, port: u16, args: &[String]) -> ClientProc {
         .args(args);
     let what = format!("{name} {}", args.join(" "));
     eprintln!("[test] client: {what}");
-    let mut child = cmd
-        .current_dir(repo_root())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut child = spawn_piped(&mut cmd, Stdio::piped())
         .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
     let stdin = child.stdin.take();
     let rx = stdout_lines(&mut child);

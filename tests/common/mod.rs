@@ -110,19 +110,13 @@ impl Proc {
     /// Spawns `cmd` (stdin null, stdout discarded, stderr kept in the
     /// tail) as a guarded child.
     pub fn spawn(name: &str, cmd: &mut Command) -> Proc {
-        let mut child = cmd
+        let child = cmd
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let stderr = pump_stderr(name, &mut child);
-        Proc {
-            name: name.to_string(),
-            child,
-            stderr,
-            exited: None,
-        }
+        Proc::guard(name, child)
     }
 
     /// Guards a child the caller spawned itself (to read its stdout);
@@ -253,39 +247,62 @@ pub fn start_server(kind: ServerKind, extra: &[&str]) -> Server {
         ServerKind::FastApi => "tests/servers/fastapi_app.py",
         ServerKind::Stdlib => "tests/servers/stdlib_sse.py",
     };
-    let path = repo_root().join(script);
-    let mut child = Command::new(python())
-        .arg("-u")
-        .arg(&path)
-        .args(["--host", "127.0.0.1", "--port", "0"])
-        .args(extra)
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {} {}: {e}", python(), path.display()));
-    let stderr = pump_stderr(script, &mut child);
-    let out = child.stdout.take().expect("server stdout is piped");
+    let mut cmd = python_on_port(script, 0);
+    cmd.args(extra);
+    let (proc, port) = start_ready(
+        script,
+        &mut cmd,
+        "is fastapi/uvicorn/sse-starlette installed? pip install fastapi uvicorn sse-starlette",
+    );
+    Server { proc, port, kind }
+}
+
+/// `python3 -u <repo>/<script> --host 127.0.0.1 --port <port>`: how every
+/// Python test server (port 0: a free one) and measuring client starts.
+pub fn python_on_port(script: &str, port: u16) -> Command {
+    let mut cmd = Command::new(python());
+    cmd.arg("-u").arg(repo_root().join(script)).args([
+        "--host",
+        "127.0.0.1",
+        "--port",
+        &port.to_string(),
+    ]);
+    cmd
+}
+
+/// The lines a child prints on stdout, through a channel.
+pub fn stdout_lines(child: &mut Child) -> Receiver<String> {
+    let out = child.stdout.take().expect("stdout is piped");
     let (tx, rx) = mpsc::channel::<String>();
     thread::spawn(move || {
         for line in BufReader::new(out).lines() {
-            match line {
-                Ok(l) => {
-                    if tx.send(l).is_err() {
-                        break;
-                    }
-                }
-                Err(_) => break,
+            let Ok(l) = line else { break };
+            if tx.send(l).is_err() {
+                break;
             }
         }
     });
-    let mut proc = Proc {
-        name: script.to_string(),
-        child,
-        stderr,
-        exited: None,
-    };
+    rx
+}
+
+/// `cmd` spawned in the repository root with `stdin`, and stdout and
+/// stderr piped: the caller reads stdout, [`Proc::guard`] keeps stderr.
+pub fn spawn_piped(cmd: &mut Command, stdin: Stdio) -> std::io::Result<Child> {
+    cmd.current_dir(repo_root())
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+}
+
+/// Spawns `cmd` (in the repository root) as the guarded child `name` and
+/// waits (30 s) for its `READY <port>` line; lines before it are passed
+/// over. `hint` says what to install or build when it does not come.
+pub fn start_ready(name: &str, cmd: &mut Command, hint: &str) -> (Proc, u16) {
+    let mut child = spawn_piped(cmd, Stdio::null())
+        .unwrap_or_else(|e| panic!("cannot start {name}: {e} ({hint})"));
+    let rx = stdout_lines(&mut child);
+    let mut proc = Proc::guard(name, child);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -295,22 +312,15 @@ pub fn start_server(kind: ServerKind, extra: &[&str]) -> Server {
                     let port: u16 = p
                         .trim()
                         .parse()
-                        .unwrap_or_else(|_| panic!("{script}: bad READY line {line:?}"));
-                    eprintln!("[test] {script} ready on port {port}, pid {}", proc.pid());
-                    return Server { proc, port, kind };
+                        .unwrap_or_else(|_| panic!("{name}: bad READY line {line:?}"));
+                    eprintln!("[test] {name} ready on port {port}, pid {}", proc.pid());
+                    return (proc, port);
                 }
             }
-            Err(RecvTimeoutError::Disconnected) => {
+            Err(e) => {
                 let st = proc.wait_timeout(Duration::from_secs(2));
                 panic!(
-                    "{script} exited before READY ({st:?}); is fastapi/uvicorn/sse-starlette installed \
-                     (pip install fastapi uvicorn sse-starlette)? stderr:\n{}",
-                    proc.stderr.tail(40)
-                );
-            }
-            Err(RecvTimeoutError::Timeout) => {
-                panic!(
-                    "{script} printed no READY line within 30 s; stderr:\n{}",
+                    "{name} printed no READY line within 30 s ({e:?}, exit {st:?}; {hint}); stderr:\n{}",
                     proc.stderr.tail(40)
                 );
             }
@@ -360,14 +370,8 @@ pub fn start_agent_with_env(args: &[String], env: &[(&str, &str)]) -> Agent {
             cmd.env_remove(&k);
         }
     }
-    cmd.envs(env.iter().copied());
-    let mut child = cmd
-        .args(&full)
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    cmd.envs(env.iter().copied()).args(&full);
+    let mut child = spawn_piped(&mut cmd, Stdio::null())
         .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
 
     // stderr: keep every line, signal readiness
@@ -773,7 +777,7 @@ impl ClientRun {
 
 /// Runs the client to completion (3 min limit) and returns its records.
 pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
-    let mut cmd = client_command("stream_client.py", port);
+    let mut cmd = python_on_port("tests/clients/stream_client.py", port);
     cmd.args(["--path", run.path])
         .args(["--requests", &run.requests.to_string()])
         .args(["--concurrency", &run.concurrency.to_string()])
@@ -816,15 +820,6 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
         .collect()
 }
 
-/// `python3 -u tests/clients/<script> --host 127.0.0.1 --port <port>`.
-fn client_command(script: &str, port: u16) -> Command {
-    let mut cmd = Command::new(python());
-    cmd.arg("-u")
-        .arg(repo_root().join("tests/clients").join(script))
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()]);
-    cmd
-}
-
 /// Runs a measuring client (`name`, for messages) to completion within
 /// `limit` and returns the JSON records it printed on stdout, one a line.
 /// It must exit 0 and print exactly `expected` records; `what` (the run's
@@ -836,12 +831,7 @@ fn run_to_records(
     expected: usize,
     what: &dyn std::fmt::Debug,
 ) -> Vec<Value> {
-    let mut child = cmd
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
+    let mut child = spawn_piped(cmd, Stdio::null())
         .unwrap_or_else(|e| panic!("cannot start the client {name}: {e}"));
     let mut out = child.stdout.take().expect("client stdout is piped");
     // read concurrently, so a client with much to say never blocks on a
@@ -1628,16 +1618,11 @@ impl StampingServer {
     /// Starts `script` (relative to the repository root) with `args`.
     pub fn start(script: &str, args: &[&str]) -> Self {
         let path = repo_root().join(script);
-        let mut child = Command::new(python())
-            .arg("-u")
-            .arg(&path)
-            .args(args)
-            .current_dir(repo_root())
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
+        let mut child = spawn_piped(
+            Command::new(python()).arg("-u").arg(&path).args(args),
+            Stdio::null(),
+        )
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", path.display()));
         let out = child.stdout.take().expect("piped stdout");
         let name = path
             .file_name()
@@ -1690,49 +1675,13 @@ impl InferServer {
 pub fn start_infer_server() -> InferServer {
     const SCRIPT: &str = "tests/servers/infer_server.py";
     let native = native_dir();
-    let path = repo_root().join(SCRIPT);
-    let mut child = Command::new(python())
-        .arg("-u")
-        .arg(&path)
-        .args(["--host", "127.0.0.1", "--port", "0"])
-        .arg("--native-dir")
-        .arg(&native)
-        .current_dir(repo_root())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap_or_else(|e| panic!("cannot start {} {}: {e}", python(), path.display()));
-    let stderr = pump_stderr(SCRIPT, &mut child);
-    let out = child.stdout.take().expect("server stdout is piped");
-    let (tx, rx) = mpsc::channel::<String>();
-    thread::spawn(move || {
-        for line in BufReader::new(out).lines() {
-            let Ok(l) = line else { break };
-            if tx.send(l).is_err() {
-                break;
-            }
-        }
-    });
-    let mut proc = Proc {
-        name: SCRIPT.to_string(),
-        child,
-        stderr,
-        exited: None,
-    };
-    let port = match rx.recv_timeout(Duration::from_secs(30)) {
-        Ok(line) => line
-            .strip_prefix("READY ")
-            .and_then(|p| p.trim().parse::<u16>().ok())
-            .unwrap_or_else(|| panic!("{SCRIPT}: expected `READY <port>`, got {line:?}")),
-        Err(e) => {
-            let st = proc.wait_timeout(Duration::from_secs(2));
-            panic!(
-                "{SCRIPT} printed no READY line ({e:?}, exit {st:?}); stderr:\n{}",
-                proc.stderr.tail(40)
-            );
-        }
-    };
+    let mut cmd = python_on_port(SCRIPT, 0);
+    cmd.arg("--native-dir").arg(&native);
+    let (proc, port) = start_ready(
+        SCRIPT,
+        &mut cmd,
+        "are the native artifacts current? `cargo xtask native` rebuilds them",
+    );
     // READY comes after the engine's hello: the child exists by now.
     let engines: Vec<u32> = child_pids(proc.pid())
         .into_iter()
@@ -1775,7 +1724,7 @@ pub fn run_explain_client_with(
     stagger_ms: f64,
     extra: &[&str],
 ) -> Vec<Value> {
-    let mut cmd = client_command("explain_client.py", port);
+    let mut cmd = python_on_port("tests/clients/explain_client.py", port);
     cmd.args(["--stagger-ms", &stagger_ms.to_string()])
         .args(extra);
     for r in requests {
