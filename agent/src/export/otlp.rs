@@ -210,9 +210,7 @@ impl OtlpClient {
                 TraceServiceClient::new(channel).export(request).await
             })
             .await?;
-        Ok(response
-            .partial_success
-            .map_or(0, |p| rejected(p.rejected_spans)))
+        Ok(rejected(response.partial_success.map(|p| p.rejected_spans)))
     }
 
     /// Sends metrics; `Ok` carries the number of data points rejected.
@@ -225,9 +223,9 @@ impl OtlpClient {
                 MetricsServiceClient::new(channel).export(request).await
             })
             .await?;
-        Ok(response
-            .partial_success
-            .map_or(0, |p| rejected(p.rejected_data_points)))
+        Ok(rejected(
+            response.partial_success.map(|p| p.rejected_data_points),
+        ))
     }
 
     /// One export over whichever transport this client has, with the
@@ -298,10 +296,10 @@ async fn post<R: Message + Default>(
     Ok(R::decode(body).unwrap_or_default())
 }
 
-/// A partial-success rejected count; a negative one (a broken backend)
-/// counts as none.
-fn rejected(count: i64) -> u64 {
-    u64::try_from(count).unwrap_or(0)
+/// A partial-success rejected count; none, or a negative one (a broken
+/// backend), counts as 0.
+fn rejected(count: Option<i64>) -> u64 {
+    count.map_or(0, |n| u64::try_from(n).unwrap_or(0))
 }
 
 fn grpc_request<T>(message: T, headers: &HeaderMap) -> tonic::Request<T> {
