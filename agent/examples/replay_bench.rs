@@ -16,7 +16,8 @@ use std::time::{Duration, Instant};
 
 use tokentrace::output::OutputFormat;
 use tokentrace::pipeline::synthetic::{Records, Traffic, TrafficConfig};
-use tokentrace::pipeline::{Pipeline, RecordReplay};
+use tokentrace::pipeline::Pipeline;
+use tokentrace::run::RecordReplay;
 use tokentrace::stitch::StitchConfig;
 
 /// Records generated, then replayed, per block.

@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 
 use crate::output::OutputFormat;
+use crate::session::profile::DEFAULT_FREQUENCY_HZ;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -32,9 +33,9 @@ pub enum Command {
     Run(RunArgs),
     /// Record a session: report.html, trace.json, requests.csv/.jsonl and a
     /// CPU flame graph of the selected servers (locally, or on a remote agent).
-    Record(Box<crate::session::RecordArgs>),
+    Record(Box<RecordArgs>),
     /// Rebuild a session's artifacts from its raw.pb.
-    Replay(crate::session::ReplayArgs),
+    Replay(ReplayArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -101,4 +102,73 @@ pub struct RunArgs {
     /// Session control endpoint (`tokentrace record --remote`).
     #[command(flatten)]
     pub control: Box<crate::session::ControlArgs>,
+}
+
+/// `tokentrace record`.
+#[derive(Debug, Clone, Args)]
+pub struct RecordArgs {
+    /// Record this process (repeatable). Children it forks are included.
+    #[arg(long, value_delimiter = ',')]
+    pub pid: Vec<u32>,
+
+    /// Record the processes listening on this TCP port (repeatable).
+    #[arg(long, value_delimiter = ',')]
+    pub port: Vec<u16>,
+
+    /// Record processes whose executable path or command line matches this regex.
+    #[arg(long)]
+    pub exe: Option<String>,
+
+    /// Record processes whose name (comm) matches this regex.
+    #[arg(long)]
+    pub comm: Option<String>,
+
+    /// How long to record (e.g. 30s, 2m). Ctrl-C ends it early; the
+    /// artifacts are written either way.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub duration: Duration,
+
+    /// Directory for report.html, trace.json, requests.csv/.jsonl, flame.svg
+    /// (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
+
+    /// CPU sampling frequency for the flame graph; 0 turns sampling off.
+    #[arg(long, default_value_t = DEFAULT_FREQUENCY_HZ)]
+    pub profile_hz: u64,
+
+    /// Also write raw.pb, the raw event stream for `tokentrace replay`.
+    /// It holds captured request and response bytes: share it with care.
+    #[arg(long)]
+    pub raw: bool,
+
+    /// YAML config file (local recording).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+
+    /// Payload bytes captured per syscall (local recording).
+    #[arg(long)]
+    pub capture_bytes: Option<u32>,
+
+    /// Run the session on the agent serving this control endpoint
+    /// (`tokentrace run` on that node), e.g. http://node-1:9465.
+    #[arg(long)]
+    pub remote: Option<String>,
+
+    /// Bearer token for --remote, read from this file (else from
+    /// TOKENTRACE_CONTROL_TOKEN, else from the local agent's root-only
+    /// /var/lib/tokentrace/sessions/control.token).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// `tokentrace replay`.
+#[derive(Debug, Clone, Args)]
+pub struct ReplayArgs {
+    /// A raw.pb written by `tokentrace record --raw`.
+    pub raw: PathBuf,
+
+    /// Directory for the rebuilt artifacts (created if missing).
+    #[arg(long)]
+    pub out: PathBuf,
 }

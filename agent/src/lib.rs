@@ -23,6 +23,7 @@ pub mod model;
 pub mod output;
 pub mod pipeline;
 pub mod probes;
+pub mod record;
 pub mod run;
 pub mod session;
 pub mod stitch;

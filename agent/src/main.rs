@@ -90,7 +90,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Record(args) => {
-            match runtime().map(|rt| rt.block_on(tokentrace::session::record::record(*args))) {
+            match runtime().map(|rt| rt.block_on(tokentrace::record::record(*args))) {
                 Ok(Ok(())) => ExitCode::SUCCESS,
                 Ok(Err(err)) | Err(err) => {
                     eprintln!("Error: {err:#}");
@@ -98,7 +98,7 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Replay(args) => match tokentrace::session::record::replay(&args) {
+        Command::Replay(args) => match tokentrace::record::replay(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {
                 eprintln!("Error: {err:#}");

@@ -18,7 +18,7 @@ pub use selector::{EndpointMatcher, Selector};
 
 use crate::event::Event;
 use crate::k8s::PodScope;
-use crate::stitch::RequestTimeline;
+use crate::model::RequestTimeline;
 
 /// A change to apply to the kernel pid filter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

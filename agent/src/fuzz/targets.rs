@@ -8,7 +8,8 @@ use super::{fuzz, seeds};
 use crate::event::{ConnEvent, ConnId, DataEvent, Direction, Event, IoCall};
 use crate::ingest::decode;
 use crate::output::OutputFormat;
-use crate::pipeline::{Pipeline, RecordReplay};
+use crate::pipeline::Pipeline;
+use crate::run::RecordReplay;
 use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
 
 /// One change to a seed: at `at` (scaled to the input), `op` with `byte`.

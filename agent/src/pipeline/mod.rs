@@ -4,23 +4,17 @@
 //! discovery [`Tracker`], which decides which processes are traced and
 //! which finished requests are reported, and hands what the probes must do
 //! about it back as [`ProbeChange`]s for the run to carry out.
-//! [`RecordReplay`] adds what sits on either side of it in `tokentrace
-//! run` (decoding ring buffer records, the run summary, rendering each
-//! timeline as an output line) with the sinks left to the caller, so the
-//! whole userspace path per event can be measured and profiled offline
-//! (`cargo xtask bench replay`, fed by [`synthetic`] traffic).
+//! [`synthetic`] makes ring buffer records of LLM traffic for benchmarks
+//! and tests (`run::RecordReplay` takes them through the whole run).
 //!
 //! No clock reads, and no I/O but one: matching an exec'd process by
 //! `--exe`/`--comm` reads its /proc entry (its resolved executable and
 //! command line are not in the event). Time comes from the events and the
 //! caller's ticks, so a session or replay is a function of its input.
 
-mod records;
 pub mod synthetic;
 #[cfg(test)]
 mod tests;
-
-pub use records::{RecordReplay, ReplayCounts};
 
 use std::path::PathBuf;
 

@@ -1,6 +1,6 @@
 //! Generated traffic of an OpenAI-compatible streaming server, as the ring
 //! buffer records the probes would write for it: what the replay benchmark
-//! pushes through [`super::RecordReplay`].
+//! pushes through `run::RecordReplay`.
 //!
 //! The shape follows a vLLM deployment behind uvicorn: a frontend process
 //! whose one event-loop thread reads requests and writes responses on many

@@ -8,6 +8,7 @@
 //! until a stop, drain what the kernel still holds, and shut the outputs
 //! down.
 
+mod offline;
 mod outputs;
 mod probed;
 mod sink;
@@ -34,6 +35,7 @@ use crate::session::SessionHub;
 use crate::stitch::StitchStats;
 use crate::units::{monotonic_now, nanos};
 
+pub use offline::{RecordReplay, ReplayCounts};
 use outputs::Outputs;
 use probed::Probed;
 use sink::{Printer, Stages, Stop};

@@ -1,5 +1,5 @@
-//! On-host profiling sessions: `tokentrace record`, `tokentrace replay` and
-//! the daemon's control endpoint.
+//! On-host profiling sessions, as the `record` and `replay` commands
+//! (`crate::record`) and the daemon's control endpoint use them.
 //!
 //! A session taps the run loop's event stream ([`SessionHub::on_events`]),
 //! stitches its own copy of it ([`core`]), optionally samples the traced
@@ -24,8 +24,7 @@ mod perfetto;
 pub mod profile;
 mod progress;
 pub mod rawpb;
-pub mod record;
-mod remote;
+pub mod remote;
 pub mod replay;
 pub mod token;
 
@@ -40,8 +39,7 @@ pub use hub::{
     HubSettings, SelectorSpec, SessionHub, SessionRequest, SessionState, SessionStatus, StartError,
     Triggered,
 };
-pub use progress::Progress;
-pub use record::{RecordArgs, ReplayArgs};
+pub use progress::{Progress, ProgressPrinter};
 
 use self::core::Recording;
 

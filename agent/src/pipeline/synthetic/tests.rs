@@ -1,7 +1,8 @@
 use super::*;
 use crate::ingest::decode;
 use crate::output::OutputFormat;
-use crate::pipeline::{Pipeline, RecordReplay};
+use crate::pipeline::Pipeline;
+use crate::run::RecordReplay;
 use crate::stitch::{BodyKind, RequestTimeline, StitchConfig};
 
 const THRESHOLD_NS: u64 = 30_000_000;

@@ -1,94 +1,26 @@
-//! The `record` and `replay` commands.
+//! The `record` and `replay` commands (their flags are in `cli`).
 //!
 //! Local `record` runs the normal pipeline (`run::run_with`) with timeline
 //! printing off and one session on the hub it is given; the session ends
 //! when the run does (duration or Ctrl-C) and then writes its artifacts.
-//! With `--remote` the same session runs on another agent instead.
+//! With `--remote` the same session runs on another agent instead. A
+//! command, like `run`: it composes the session stage, which knows
+//! nothing of it.
 
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use clap::Args;
 
-use super::control::ControlArgs;
-use super::hub::{HubSettings, SelectorSpec, SessionHub, SessionRequest, SessionState};
-use super::profile::DEFAULT_FREQUENCY_HZ;
-use super::progress::ProgressPrinter;
-use super::remote::RemoteClient;
-use super::{replay, write_artifacts, Artifact};
-use crate::cli::RunArgs;
+use crate::cli::{RecordArgs, ReplayArgs, RunArgs};
 use crate::config::Config;
 use crate::output::OutputFormat;
 use crate::run::{run_with, RunHooks};
-
-#[derive(Debug, Clone, Args)]
-pub struct RecordArgs {
-    /// Record this process (repeatable). Children it forks are included.
-    #[arg(long, value_delimiter = ',')]
-    pub pid: Vec<u32>,
-
-    /// Record the processes listening on this TCP port (repeatable).
-    #[arg(long, value_delimiter = ',')]
-    pub port: Vec<u16>,
-
-    /// Record processes whose executable path or command line matches this regex.
-    #[arg(long)]
-    pub exe: Option<String>,
-
-    /// Record processes whose name (comm) matches this regex.
-    #[arg(long)]
-    pub comm: Option<String>,
-
-    /// How long to record (e.g. 30s, 2m). Ctrl-C ends it early; the
-    /// artifacts are written either way.
-    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-    pub duration: Duration,
-
-    /// Directory for report.html, trace.json, requests.csv/.jsonl, flame.svg
-    /// (created if missing).
-    #[arg(long)]
-    pub out: PathBuf,
-
-    /// CPU sampling frequency for the flame graph; 0 turns sampling off.
-    #[arg(long, default_value_t = DEFAULT_FREQUENCY_HZ)]
-    pub profile_hz: u64,
-
-    /// Also write raw.pb, the raw event stream for `tokentrace replay`.
-    /// It holds captured request and response bytes: share it with care.
-    #[arg(long)]
-    pub raw: bool,
-
-    /// YAML config file (local recording).
-    #[arg(long)]
-    pub config: Option<PathBuf>,
-
-    /// Payload bytes captured per syscall (local recording).
-    #[arg(long)]
-    pub capture_bytes: Option<u32>,
-
-    /// Run the session on the agent serving this control endpoint
-    /// (`tokentrace run` on that node), e.g. http://node-1:9465.
-    #[arg(long)]
-    pub remote: Option<String>,
-
-    /// Bearer token for --remote, read from this file (else from
-    /// TOKENTRACE_CONTROL_TOKEN, else from the local agent's root-only
-    /// /var/lib/tokentrace/sessions/control.token).
-    #[arg(long)]
-    pub token_file: Option<PathBuf>,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ReplayArgs {
-    /// A raw.pb written by `tokentrace record --raw`.
-    pub raw: PathBuf,
-
-    /// Directory for the rebuilt artifacts (created if missing).
-    #[arg(long)]
-    pub out: PathBuf,
-}
+use crate::session::remote::{self, RemoteClient};
+use crate::session::{
+    replay, token, write_artifacts, Artifact, ControlArgs, HubSettings, ProgressPrinter,
+    SelectorSpec, SessionHub, SessionRequest, SessionState,
+};
 
 impl RecordArgs {
     fn request(&self) -> SessionRequest {
@@ -119,8 +51,8 @@ impl RecordArgs {
             return Ok(Some(token));
         }
         // The agent on this host keeps its generated token root-only.
-        let local = super::token::default_token_path();
-        match super::token::read_token(&local) {
+        let local = token::default_token_path();
+        match token::read_token(&local) {
             Ok(token) => Ok(Some(token)),
             Err(err) if local.exists() => Err(err.context(
                 "the local agent's control token is root-only: run as root, or pass --token-file",
@@ -250,8 +182,7 @@ async fn record_remote(args: RecordArgs) -> Result<()> {
             std::future::pending::<()>().await;
         }
     };
-    let (status, artifacts) =
-        super::remote::record(&client, &request, &args.out, interrupt).await?;
+    let (status, artifacts) = remote::record(&client, &request, &args.out, interrupt).await?;
     for warning in &status.warnings {
         eprintln!("tokentrace: warning: {warning}");
     }

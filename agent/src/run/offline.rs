@@ -1,5 +1,8 @@
 //! Ring buffer records through everything `tokentrace run` does with them
-//! in userspace, up to the bytes of its output lines.
+//! in userspace, up to the bytes of its output lines, with the sink left to
+//! the caller: the whole userspace path per event, measured and profiled
+//! offline (`cargo xtask bench replay`, fed by `pipeline::synthetic`
+//! traffic) and fuzzed.
 
 use std::io::{self, Write};
 
@@ -8,7 +11,7 @@ use crate::ingest::decode;
 use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
 use crate::stitch::RequestTimeline;
 
-use super::Pipeline;
+use crate::pipeline::Pipeline;
 
 /// What a replay went through.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
