@@ -1,14 +1,15 @@
 //! Ring buffer polling on a dedicated thread: records are decoded into
 //! [`Event`]s and handed to the async side in batches over a bounded
 //! channel. Losses are counted at every step: in the kernel (ring buffer
-//! full), in decoding, and at the channel (consumer too slow).
+//! full), in decoding, and at the channel (consumer too slow). The thread
+//! holds the run's [`ProbeSet`] (loaded, attached and detached by
+//! `probes`) and carries out its [`ProbeCommand`]s between reads.
 
 mod decode;
 mod deliver;
 mod wakeup;
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc as std_mpsc, Arc};
 use std::thread::JoinHandle;
@@ -20,25 +21,8 @@ use tokio::sync::mpsc;
 pub use decode::{decode, DecodeError};
 use deliver::{deliver, Delivery};
 
-use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
 use crate::event::Event;
-use crate::probes::{InferProbes, KernelCounters, ProbeSettings, SockProbes, TracedPids};
-
-/// Probe changes the ingest thread carries out: it owns the probes, so
-/// attaching happens there, between two reads of the ring buffer (the
-/// thread is woken for them).
-#[derive(Debug)]
-pub enum ProbeCommand {
-    /// Attach or detach uprobes, in order, in one batch: each attach takes
-    /// a kernel lock that stalls fork() system-wide, so they are not spread
-    /// over many wake-ups.
-    Files(Vec<FileChange>),
-    /// Answered once every command sent before it is carried out.
-    Barrier(std_mpsc::Sender<()>),
-}
-
-/// Uprobe links by (pid, file): pid None for links of every process.
-type FileLinks = HashMap<(Option<u32>, FileKey), Vec<libbpf_rs::Link>>;
+use crate::probes::{FileLinks, KernelCounters, ProbeCommand, ProbeSet, ProbeSettings, TracedPids};
 
 /// Counters of the userspace half of ingestion.
 #[derive(Debug, Default)]
@@ -163,105 +147,6 @@ struct Channels<'a> {
     ready: &'a std_mpsc::Sender<Ready>,
 }
 
-/// The probe sets the ingest thread owns.
-struct Probes {
-    sock: SockProbes,
-    /// None when the inference probes could not load (no uprobes, …).
-    infer: Option<InferProbes>,
-}
-
-/// Attaches what `file` offers for `pid` (None: every process); failures
-/// of one kind do not stop the others.
-fn attach_file(probes: &Probes, pid: Option<u32>, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
-    let mut links = Vec::new();
-    let mut attached = Vec::new();
-    let mut add = |kind: &str, result: Result<Vec<libbpf_rs::Link>>| match result {
-        Ok(l) => {
-            attached.push(format!("{kind} ({} probes)", l.len()));
-            links.extend(l);
-        }
-        Err(err) => tracing::warn!("{kind}: cannot probe {}: {err:#}", file.mapped_as),
-    };
-    if !file.probes.tls.is_empty() {
-        add(
-            "OpenSSL",
-            probes.sock.attach_tls(pid, &file.path, &file.probes.tls),
-        );
-    }
-    match (&probes.infer, file.probes.cuda) {
-        (Some(infer), Some(_)) => add(
-            "CUDA",
-            infer.attach_cuda(pid, &file.path, &file.probes.cuda_sites),
-        ),
-        (None, Some(_)) => {
-            tracing::debug!("{}: CUDA library, but no inference probes", file.mapped_as)
-        }
-        _ => {}
-    }
-    if !file.probes.usdt.is_empty() {
-        if let Some(infer) = &probes.infer {
-            add(
-                "USDT llm",
-                infer.attach_usdt(pid, &file.path, &file.probes.usdt),
-            );
-        }
-    }
-    if !attached.is_empty() {
-        let whom = pid.map_or("every process".to_string(), |p| format!("pid {p}"));
-        tracing::info!(
-            "probing {}: {} for {whom}",
-            file.mapped_as,
-            attached.join(", ")
-        );
-    }
-    links
-}
-
-/// Carries out a probe command; attached links live in `file_links` until
-/// detached.
-fn apply_command(probes: &Probes, command: ProbeCommand, file_links: &mut FileLinks) {
-    match command {
-        ProbeCommand::Files(changes) => {
-            let started = std::time::Instant::now();
-            let (mut attached, mut processes) = (0usize, HashSet::new());
-            for change in changes {
-                match change {
-                    FileChange::Attach { pid, file } => {
-                        if let std::collections::hash_map::Entry::Vacant(slot) =
-                            file_links.entry((pid, file.key))
-                        {
-                            let links = attach_file(probes, pid, &file);
-                            attached += links.len();
-                            processes.insert(pid);
-                            slot.insert(links);
-                        }
-                    }
-                    FileChange::Detach { pid, key } => {
-                        // Dropping the links detaches them (see run_thread's
-                        // end for why USDT links are dropped on this thread).
-                        if file_links.remove(&(pid, key)).is_some() {
-                            let whom =
-                                pid.map_or("every process".to_string(), |p| format!("pid {p}"));
-                            tracing::debug!("detached file {key:?} for {whom}");
-                        }
-                    }
-                }
-            }
-            if attached > 0 {
-                let elapsed = started.elapsed();
-                tracing::info!(
-                    "attached {attached} uprobe links for {} process(es) in {:.1} ms",
-                    processes.len(),
-                    elapsed.as_secs_f64() * 1e3
-                );
-            }
-        }
-        ProbeCommand::Barrier(done) => {
-            let _ = done.send(());
-        }
-    }
-}
-
 fn run_thread(
     settings: &ProbeSettings,
     poll_interval: Duration,
@@ -274,40 +159,16 @@ fn run_thread(
         commands,
         ready,
     } = channels;
-    let sock = match SockProbes::load(settings) {
+    let probes = match ProbeSet::load(settings) {
         Ok(probes) => probes,
         Err(err) => {
             let _ = ready.send(Err(err));
             return;
         }
     };
-    let infer = match InferProbes::load(
-        &sock,
-        settings.min_interval_ns,
-        settings.wakeup_bytes,
-        settings.agent_pid,
-    ) {
-        Ok(infer) => Some(infer),
-        Err(err) => {
-            tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");
-            None
-        }
-    };
-    let probes = Probes { sock, infer };
-    let handles = probes.sock.traced_pids().and_then(|pids| {
-        let counters = probes.sock.counters()?;
-        let counters = match probes.infer.as_ref().map(InferProbes::bss_handle) {
-            Some(Ok(bss)) => counters.with_infer(bss),
-            Some(Err(err)) => {
-                tracing::warn!("inference probes' drop counter unreadable: {err:#}");
-                counters
-            }
-            None => counters,
-        };
-        Ok((pids, counters))
-    });
+    let handles = probes.handles();
     let batch = RefCell::new(Vec::new());
-    let ring = probes.sock.ring_buffer(|record| {
+    let ring = probes.ring_buffer(|record| {
         match decode(record) {
             Ok(event) => batch.borrow_mut().push(event),
             Err(err) => {
@@ -334,13 +195,13 @@ fn run_thread(
         (_, _, None) => return,
     };
 
-    let mut file_links = FileLinks::new();
+    let mut file_links = FileLinks::default();
     loop {
         // Read before waiting: the last pass after a stop request still
         // drains the ring, so nothing already recorded is lost at exit.
         let stopping = stop.load(Ordering::Relaxed);
         for command in commands.try_iter() {
-            apply_command(&probes, command, &mut file_links);
+            probes.apply(command, &mut file_links);
         }
         if !stopping {
             // Wakes early when the kernel forced a wake-up (a full batch, or
@@ -372,10 +233,7 @@ fn run_thread(
             break;
         }
     }
-    // One after the other: among these are USDT links, and libbpf's USDT
-    // detach returns spec ids to the object's shared usdt_manager
-    // (reallocarray of free_spec_ids) without a lock; detached from several
-    // threads at once they corrupted the heap ("realloc(): invalid next
-    // size", "double free or corruption" at exit).
+    // On this thread, one after the other (see ProbeSet::apply), before
+    // the probe sets they belong to.
     drop(file_links);
 }

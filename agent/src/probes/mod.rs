@@ -1,5 +1,5 @@
-//! Loading and attaching the kernel probes: the only module that talks to
-//! libbpf.
+//! Loading, attaching and detaching the kernel probes: the only module
+//! that talks to libbpf. [`ProbeSet`] is what a run owns.
 
 use std::path::Path;
 
@@ -9,10 +9,12 @@ use crate::discover::libraries::Site;
 
 mod host;
 mod infer;
+mod set;
 mod sock;
 
 pub use host::{ensure_tracefs, load_failure, route_libbpf_logs, TracefsState};
 pub use infer::{InferProbes, LLM_PROBES};
+pub use set::{FileLinks, ProbeCommand, ProbeSet};
 pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
 };

@@ -6,8 +6,9 @@
 use std::path::Path;
 
 use crate::discover::libraries::{FileChange, ProbedFiles};
-use crate::ingest::{Ingest, ProbeCommand};
+use crate::ingest::Ingest;
 use crate::pipeline::ProbeChange;
+use crate::probes::ProbeCommand;
 
 use super::PROC;
 

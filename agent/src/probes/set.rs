@@ -1,0 +1,179 @@
+//! The probes a run owns, from load to detach: the socket probes, the
+//! inference probes when they load, and the uprobe links of the files the
+//! traced processes map. The ingest thread holds them (attaching happens
+//! between two reads of the ring buffer) and drops them at its end.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::mpsc as std_mpsc;
+
+use anyhow::Result;
+
+use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
+
+use super::{InferProbes, KernelCounters, ProbeSettings, SockProbes, TracedPids};
+
+/// Probe changes for the thread that holds the [`ProbeSet`], carried out
+/// between two reads of the ring buffer (the thread is woken for them).
+#[derive(Debug)]
+pub enum ProbeCommand {
+    /// Attach or detach uprobes, in order, in one batch: each attach takes
+    /// a kernel lock that stalls fork() system-wide, so they are not spread
+    /// over many wake-ups.
+    Files(Vec<FileChange>),
+    /// Answered once every command sent before it is carried out.
+    Barrier(std_mpsc::Sender<()>),
+}
+
+/// The loaded probe sets.
+pub struct ProbeSet {
+    sock: SockProbes,
+    /// None when the inference probes could not load (no uprobes, …).
+    infer: Option<InferProbes>,
+}
+
+/// Uprobe links attached for files, by (pid, file): pid None for links of
+/// every process. Dropping it detaches them: drop it on the thread that
+/// attached them, after the last command (see [`ProbeSet::apply`]).
+#[derive(Default)]
+pub struct FileLinks(HashMap<(Option<u32>, FileKey), Vec<libbpf_rs::Link>>);
+
+impl ProbeSet {
+    /// Loads the socket probes (an error is fatal) and the inference probes
+    /// (without them the run goes on: no USDT, CUDA or off-CPU events).
+    pub fn load(settings: &ProbeSettings) -> Result<Self> {
+        let sock = SockProbes::load(settings)?;
+        let infer = match InferProbes::load(
+            &sock,
+            settings.min_interval_ns,
+            settings.wakeup_bytes,
+            settings.agent_pid,
+        ) {
+            Ok(infer) => Some(infer),
+            Err(err) => {
+                tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");
+                None
+            }
+        };
+        Ok(Self { sock, infer })
+    }
+
+    /// A consumer of the events ring buffer (both probe sets write it),
+    /// calling `callback` with each raw record.
+    pub fn ring_buffer<'a, F>(&'a self, callback: F) -> Result<libbpf_rs::RingBuffer<'a>>
+    where
+        F: FnMut(&[u8]) -> i32 + 'a,
+    {
+        self.sock.ring_buffer(callback)
+    }
+
+    /// The handles the run steers and reads the probes by: the kernel's pid
+    /// filter and the loss counters of both probe sets.
+    pub fn handles(&self) -> Result<(TracedPids, KernelCounters)> {
+        let pids = self.sock.traced_pids()?;
+        let counters = self.sock.counters()?;
+        let counters = match self.infer.as_ref().map(InferProbes::bss_handle) {
+            Some(Ok(bss)) => counters.with_infer(bss),
+            Some(Err(err)) => {
+                tracing::warn!("inference probes' drop counter unreadable: {err:#}");
+                counters
+            }
+            None => counters,
+        };
+        Ok((pids, counters))
+    }
+
+    /// Attaches what `file` offers for `pid` (None: every process); failures
+    /// of one kind do not stop the others.
+    fn attach_file(&self, pid: Option<u32>, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
+        let mut links = Vec::new();
+        let mut attached = Vec::new();
+        let mut add = |kind: &str, result: Result<Vec<libbpf_rs::Link>>| match result {
+            Ok(l) => {
+                attached.push(format!("{kind} ({} probes)", l.len()));
+                links.extend(l);
+            }
+            Err(err) => tracing::warn!("{kind}: cannot probe {}: {err:#}", file.mapped_as),
+        };
+        if !file.probes.tls.is_empty() {
+            add(
+                "OpenSSL",
+                self.sock.attach_tls(pid, &file.path, &file.probes.tls),
+            );
+        }
+        match (&self.infer, file.probes.cuda) {
+            (Some(infer), Some(_)) => add(
+                "CUDA",
+                infer.attach_cuda(pid, &file.path, &file.probes.cuda_sites),
+            ),
+            (None, Some(_)) => {
+                tracing::debug!("{}: CUDA library, but no inference probes", file.mapped_as)
+            }
+            _ => {}
+        }
+        if !file.probes.usdt.is_empty() {
+            if let Some(infer) = &self.infer {
+                add(
+                    "USDT llm",
+                    infer.attach_usdt(pid, &file.path, &file.probes.usdt),
+                );
+            }
+        }
+        if !attached.is_empty() {
+            let whom = pid.map_or("every process".to_string(), |p| format!("pid {p}"));
+            tracing::info!(
+                "probing {}: {} for {whom}",
+                file.mapped_as,
+                attached.join(", ")
+            );
+        }
+        links
+    }
+
+    /// Carries out a probe command; attached links live in `file_links` until
+    /// detached. USDT links among them are detached one after the other on
+    /// one thread: libbpf's USDT detach returns spec ids to the object's
+    /// shared usdt_manager without a lock, and detached from several
+    /// threads at once they corrupted the heap ("realloc(): invalid next
+    /// size", "double free or corruption" at exit).
+    pub fn apply(&self, command: ProbeCommand, file_links: &mut FileLinks) {
+        match command {
+            ProbeCommand::Files(changes) => {
+                let started = std::time::Instant::now();
+                let (mut attached, mut processes) = (0usize, HashSet::new());
+                for change in changes {
+                    match change {
+                        FileChange::Attach { pid, file } => {
+                            if let std::collections::hash_map::Entry::Vacant(slot) =
+                                file_links.0.entry((pid, file.key))
+                            {
+                                let links = self.attach_file(pid, &file);
+                                attached += links.len();
+                                processes.insert(pid);
+                                slot.insert(links);
+                            }
+                        }
+                        FileChange::Detach { pid, key } => {
+                            // Dropping the links detaches them.
+                            if file_links.0.remove(&(pid, key)).is_some() {
+                                let whom =
+                                    pid.map_or("every process".to_string(), |p| format!("pid {p}"));
+                                tracing::debug!("detached file {key:?} for {whom}");
+                            }
+                        }
+                    }
+                }
+                if attached > 0 {
+                    let elapsed = started.elapsed();
+                    tracing::info!(
+                        "attached {attached} uprobe links for {} process(es) in {:.1} ms",
+                        processes.len(),
+                        elapsed.as_secs_f64() * 1e3
+                    );
+                }
+            }
+            ProbeCommand::Barrier(done) => {
+                let _ = done.send(());
+            }
+        }
+    }
+}
