@@ -175,41 +175,34 @@ fn file_name(path: &str) -> &str {
         .unwrap_or("")
 }
 
-/// `llm` probe names in an ELF `.note.stapsdt` section.
-fn llm_usdt_probes(notes: &[u8]) -> Vec<String> {
-    const NT_STAPSDT: u32 = 3;
-    let word = |at: usize| -> Option<u32> {
-        notes
-            .get(at..at + 4)
-            .and_then(|b| b.try_into().ok())
-            .map(u32::from_ne_bytes)
+/// `llm` probe names in the `.note.stapsdt` section of a 64-bit ELF file
+/// (`align`: the section's `sh_addralign`). Notes are walked by `object`'s
+/// note iterator; a malformed one ends the walk with what came before it.
+fn llm_usdt_probes(notes: &[u8], endian: object::Endianness, align: u64) -> Vec<String> {
+    type Elf64 = object::elf::FileHeader64<object::Endianness>;
+    let Ok(mut iter) = object::read::elf::NoteIterator::<Elf64>::new(endian, align, notes) else {
+        return Vec::new();
     };
-    let align4 = |n: usize| (n + 3) & !3;
     let mut probes = Vec::new();
-    let mut at = 0;
-    while let (Some(namesz), Some(descsz), Some(kind)) = (word(at), word(at + 4), word(at + 8)) {
-        let name_start = at + 12;
-        let desc_start = name_start + align4(namesz as usize);
-        let desc_end = desc_start + descsz as usize;
-        let Some(desc) = notes.get(desc_start..desc_end) else {
-            break;
-        };
-        // desc: pc, base, semaphore (3 × 8 bytes on 64-bit), then
+    while let Ok(Some(note)) = iter.next() {
+        // desc: pc, base, semaphore (3 × 8 bytes), then
         // provider\0name\0args\0.
-        if kind == NT_STAPSDT && desc.len() > 24 {
-            let mut strings = desc[24..].split(|&b| b == 0);
-            if let (Some(provider), Some(name)) = (strings.next(), strings.next()) {
-                if provider == b"llm" {
-                    probes.push(String::from_utf8_lossy(name).into_owned());
-                }
-            }
+        let desc = note.desc();
+        if note.name() != b"stapsdt" || note.n_type(endian) != NT_STAPSDT || desc.len() <= 24 {
+            continue;
         }
-        at = align4(desc_end);
+        let mut strings = desc[24..].split(|&b| b == 0);
+        if let (Some(b"llm"), Some(name)) = (strings.next(), strings.next()) {
+            probes.push(String::from_utf8_lossy(name).into_owned());
+        }
     }
     probes.sort();
     probes.dedup();
     probes
 }
+
+/// The note type of a SystemTap (USDT) probe.
+const NT_STAPSDT: u32 = 3;
 
 /// Sites for `functions` the file defines, each at its cheapest place.
 fn place_all<'d, R: object::ReadRef<'d>>(
@@ -339,9 +332,9 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
     };
     let name = file_name(path.to_str().unwrap_or(""));
     let mut probes = FileProbes::default();
-    if let Some(section) = elf.section_by_name(".note.stapsdt") {
+    if let Some(section) = elf.section_by_name(".note.stapsdt").filter(|_| elf.is_64()) {
         if let Ok(data) = section.data() {
-            probes.usdt = llm_usdt_probes(data);
+            probes.usdt = llm_usdt_probes(data, elf.endianness(), section.align());
         }
     }
     let tls_candidate = name.starts_with("libssl.so")
@@ -593,9 +586,21 @@ mod tests {
         notes.extend(note("python", "function__entry"));
         notes.extend(note("llm", "request_start"));
         notes.extend(note("llm", "token"));
-        assert_eq!(llm_usdt_probes(&notes), vec!["request_start", "token"]);
-        // Truncated input stops cleanly.
-        assert_eq!(llm_usdt_probes(&notes[..10]), Vec::<String>::new());
+        let native = object::Endianness::default();
+        assert_eq!(
+            llm_usdt_probes(&notes, native, 4),
+            vec!["request_start", "token"]
+        );
+        // Truncated input stops cleanly, keeping the notes before the cut.
+        assert_eq!(
+            llm_usdt_probes(&notes[..10], native, 4),
+            Vec::<String>::new()
+        );
+        let first = note("llm", "token").len();
+        assert_eq!(
+            llm_usdt_probes(&notes[..first + 10], native, 4),
+            vec!["token"]
+        );
     }
 
     #[test]

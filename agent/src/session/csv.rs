@@ -4,7 +4,6 @@
 //! are milliseconds, `start_time` is RFC 3339 UTC and `start_offset_ms` is
 //! relative to the session start.
 
-use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
 
 use super::core::Recording;
@@ -46,15 +45,6 @@ const HEADER: [&str; 33] = [
     "chunks_after_client_closed",
 ];
 
-/// Quotes a field when it holds a separator, quote or line break (RFC 4180).
-fn field(value: &str) -> String {
-    if value.contains([',', '"', '\n', '\r']) {
-        format!("\"{}\"", value.replace('"', "\"\""))
-    } else {
-        value.to_string()
-    }
-}
-
 fn opt<T: ToString>(value: Option<T>) -> String {
     value.map(|v| v.to_string()).unwrap_or_default()
 }
@@ -76,29 +66,41 @@ fn trace_id(traceparent: Option<&str>) -> String {
         .to_string()
 }
 
+/// The CSV text (RFC 4180 quoting by the `csv` crate: a field is quoted
+/// when it holds a separator, quote or line break).
 pub fn render(recording: &Recording) -> String {
-    let mut out = HEADER.join(",");
-    out.push('\n');
+    let mut out = csv::Writer::from_writer(Vec::new());
+    write_rows(recording, &mut out).expect("rows as long as the header, written to memory");
+    let bytes = out
+        .into_inner()
+        .expect("flushing CSV to memory cannot fail");
+    String::from_utf8(bytes).expect("CSV of UTF-8 fields is UTF-8")
+}
+
+fn write_rows(recording: &Recording, out: &mut csv::Writer<Vec<u8>>) -> csv::Result<()> {
+    out.write_record(HEADER)?;
     let meta = &recording.meta;
     for (i, t) in recording.timelines.iter().enumerate() {
         let j = JsonTimeline::new(t);
         let offset = (t.request_start as f64 - meta.started_ns as f64) / 1e6;
         let body = j.body.and_then(|b| serde_plain::to_string(&b).ok());
         let reason = j.abort_reason.and_then(|r| serde_plain::to_string(&r).ok());
-        let row = [
+        // As many fields as HEADER, by type: the writer refuses a row of
+        // another length.
+        let row: [String; HEADER.len()] = [
             (i + 1).to_string(),
             rfc3339(meta.unix_ns(t.request_start)),
             format!("{offset:.3}"),
             j.pid.to_string(),
-            field(j.comm),
+            j.comm.to_string(),
             j.fd.to_string(),
-            field(j.method),
-            field(j.path),
+            j.method.to_string(),
+            j.path.to_string(),
             opt(j.status),
             j.stream.to_string(),
             opt(body),
-            field(j.model.unwrap_or_default()),
-            field(j.response_id.unwrap_or_default()),
+            j.model.unwrap_or_default().to_string(),
+            j.response_id.unwrap_or_default().to_string(),
             opt(j.ttft_ms),
             j.e2e_ms.to_string(),
             j.request_read_ms.to_string(),
@@ -117,12 +119,12 @@ pub fn render(recording: &Recording) -> String {
             opt(j.accept_wait_ms),
             opt(j.tls_handshake_ms),
             opt(j.ttft_from_read_ms),
-            field(j.request_id.unwrap_or_default()),
+            j.request_id.unwrap_or_default().to_string(),
             j.chunks_after_client_closed.to_string(),
         ];
-        let _ = writeln!(out, "{}", row.join(","));
+        out.write_record(&row)?;
     }
-    out
+    Ok(())
 }
 
 #[cfg(test)]

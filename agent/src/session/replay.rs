@@ -86,6 +86,47 @@ mod tests {
     use crate::session::jsonl;
     use crate::session::rawpb::RawWriter;
 
+    /// raw.pb files written by earlier agents (raw-v1.pb by the first
+    /// writer; raw-v1-stdlib-sse.pb recorded live from tests/servers/
+    /// stdlib_sse.py with CPU sampling: five requests, stalls) and the
+    /// artifacts those agents' replay wrote: today's replay must write the
+    /// same bytes.
+    #[test]
+    fn recordings_from_before_replay_to_the_same_artifacts_byte_for_byte() {
+        let testdata = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/session/testdata");
+        for fixture in ["raw-v1", "raw-v1-stdlib-sse"] {
+            let (recording, ending) =
+                load(&testdata.join(format!("{fixture}.pb"))).expect("replay");
+            assert_eq!(ending, Ending::Finished, "{fixture}");
+            let out =
+                std::env::temp_dir().join(format!("tt-golden-{}-{fixture}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&out);
+            crate::session::write_artifacts(&out, &recording).expect("artifacts");
+            for name in [
+                crate::session::REPORT_HTML,
+                crate::session::TRACE_JSON,
+                crate::session::REQUESTS_CSV,
+                crate::session::REQUESTS_JSONL,
+                crate::session::FLAME_SVG,
+            ] {
+                // `.golden`: test data, not a source file of its kind.
+                let golden = testdata
+                    .join("golden")
+                    .join(fixture)
+                    .join(format!("{name}.golden"));
+                let want = std::fs::read(&golden).expect("golden artifact");
+                let got = std::fs::read(out.join(name)).expect("replayed artifact");
+                assert!(
+                    got == want,
+                    "{fixture}: {name} differs from {} (replayed: {})",
+                    golden.display(),
+                    out.join(name).display()
+                );
+            }
+            let _ = std::fs::remove_dir_all(&out);
+        }
+    }
+
     #[test]
     fn replay_reproduces_the_live_recording() {
         let dir = std::env::temp_dir().join(format!("tt-replay-{}", std::process::id()));
