@@ -4,6 +4,12 @@
 //! the unit is a suffix (`gen_ai.server.time_to_first_token` in seconds is
 //! `gen_ai_server_time_to_first_token_seconds`); `service.name` becomes the
 //! `service_name` label. Text exposition format 0.0.4.
+//!
+//! Rendered here rather than by `prometheus-client` (0.26: 16 crates of its
+//! own): the series live in [`Metrics`], which OTLP export reads too, with
+//! our series cap and overflow series; that crate would need them kept a
+//! second time in its registry. tests/prometheus_dashboard.rs has a real
+//! Prometheus scrape this text.
 
 use std::fmt::Write as _;
 use std::sync::Arc;

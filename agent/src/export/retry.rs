@@ -1,5 +1,11 @@
 //! Retry with exponential backoff and jitter, under a time budget.
 //!
+//! Our own, not a crate: `backoff` is unmaintained (no release since 0.4.0
+//! in 2022), and `backon`'s jitter only adds to a delay, where ours spreads
+//! agents ±20 % around it; a server's `Retry-After` replaces the delay and
+//! a batch is given up when the next attempt would start past
+//! `max_elapsed` (the OTLP exporter behaviour), in 30 lines with tests.
+//!
 //! While the export task retries a batch, the run loop keeps filling the
 //! bounded queue; once it is full, new spans are dropped and counted. So a
 //! dead backend costs at most one batch in flight plus a full queue, and

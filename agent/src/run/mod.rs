@@ -4,7 +4,7 @@
 //! [`run_with`] connects the stages: validate everything the user can get
 //! wrong, start the outputs (exporter, pod metadata, sessions, triggers),
 //! start the probes and attach to the processes found, then feed the
-//! [`Stages`] (the pure [`Pipeline`] and what carries out its results)
+//! `Stages` (the pure [`Pipeline`] and what carries out its results)
 //! until a stop, drain what the kernel still holds, and shut the outputs
 //! down.
 

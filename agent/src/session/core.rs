@@ -11,7 +11,7 @@
 //! in flight when a session starts are handled as the stitcher handles
 //! connections that predate tracing; requests still in flight at its end
 //! come out aborted with reason `agent_stopped`. The session also runs its
-//! own [`Explainer`] over the same events, so its late chunks carry the
+//! own [`Explainer`](crate::explain::Explainer) over the same events, so its late chunks carry the
 //! same cause breakdowns (`stalls`) the run loop computes.
 //!
 //! No I/O and no clock reads: the live worker ([`super::hub`]) and
