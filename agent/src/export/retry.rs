@@ -4,7 +4,7 @@
 //! in 2022), and `backon`'s jitter only adds to a delay, where ours spreads
 //! agents ±20 % around it; a server's `Retry-After` replaces the delay and
 //! a batch is given up when the next attempt would start past
-//! `max_elapsed` (the OTLP exporter behaviour), in 30 lines with tests.
+//! `max_elapsed` (the OTLP exporter behaviour), in 60 lines with tests.
 //!
 //! While the export task retries a batch, the run loop keeps filling the
 //! bounded queue; once it is full, new spans are dropped and counted. So a

@@ -164,6 +164,16 @@ pub(crate) fn parse_response(
     }))
 }
 
+/// Drops the stray CRLFs a peer may send between messages (RFC 9112
+/// §2.2): a message starts at its first other byte.
+pub(crate) fn skip_blank_lines(bytes: &mut &[u8]) {
+    let blank = bytes
+        .iter()
+        .take_while(|c| matches!(c, b'\r' | b'\n'))
+        .count();
+    *bytes = &bytes[blank..];
+}
+
 /// True when `bytes` begins with a whole, valid request line (method,
 /// target, `HTTP/1.x`): where parsing may restart after garbage, and what
 /// tells a client connection (it writes requests) from a server one.

@@ -117,12 +117,7 @@ impl RequestReader {
                     });
                 };
                 if buf.is_empty() {
-                    // Stray CRLFs between requests (RFC 9112 §2.2).
-                    let blank = bytes
-                        .iter()
-                        .take_while(|c| matches!(c, b'\r' | b'\n'))
-                        .count();
-                    *bytes = &bytes[blank..];
+                    http::skip_blank_lines(bytes);
                     if bytes.is_empty() {
                         return Ok(());
                     }

@@ -200,11 +200,7 @@ impl ResponseReader {
             State::Head { buf, start } => {
                 if let Bytes::Known(bytes) = piece {
                     if buf.is_empty() {
-                        let blank = bytes
-                            .iter()
-                            .take_while(|c| matches!(c, b'\r' | b'\n'))
-                            .count();
-                        *bytes = &bytes[blank..];
+                        http::skip_blank_lines(bytes);
                         if bytes.is_empty() {
                             return Ok(WriteOutcome::Http);
                         }
