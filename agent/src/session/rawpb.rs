@@ -129,88 +129,66 @@ fn from_addrs(a: Option<SockAddrs>) -> Result<Option<event::SockAddrs>> {
     }))
 }
 
-fn io_call(c: event::IoCall) -> IoCall {
-    match c {
-        event::IoCall::Read => IoCall::Read,
-        event::IoCall::Readv => IoCall::Readv,
-        event::IoCall::Recvfrom => IoCall::Recvfrom,
-        event::IoCall::Recvmsg => IoCall::Recvmsg,
-        event::IoCall::Write => IoCall::Write,
-        event::IoCall::Writev => IoCall::Writev,
-        event::IoCall::Sendto => IoCall::Sendto,
-        event::IoCall::Sendmsg => IoCall::Sendmsg,
-        event::IoCall::Sendfile => IoCall::Sendfile,
-        event::IoCall::SslRead => IoCall::SslRead,
-        event::IoCall::SslWrite => IoCall::SslWrite,
-    }
+/// Both directions of an enum's mapping onto its raw.pb twin, from one
+/// list of variant pairs: `$to` (model → wire) cannot miss a variant (the
+/// match is exhaustive), `$from` refuses `Unspecified` and unknown values.
+macro_rules! wire_enum {
+    ($to:ident, $from:ident, $what:literal, $model:ident => $wire:ident { $($m:ident <=> $w:ident),+ $(,)? }) => {
+        fn $to(value: event::$model) -> $wire {
+            match value {
+                $(event::$model::$m => $wire::$w,)+
+            }
+        }
+
+        fn $from(raw: i32) -> Result<event::$model> {
+            Ok(match $wire::try_from(raw) {
+                $(Ok($wire::$w) => event::$model::$m,)+
+                Ok($wire::Unspecified) | Err(_) => bail!("unknown {} {raw}", $what),
+            })
+        }
+    };
 }
 
-fn from_io_call(c: i32) -> Result<event::IoCall> {
-    Ok(match IoCall::try_from(c) {
-        Ok(IoCall::Read) => event::IoCall::Read,
-        Ok(IoCall::Readv) => event::IoCall::Readv,
-        Ok(IoCall::Recvfrom) => event::IoCall::Recvfrom,
-        Ok(IoCall::Recvmsg) => event::IoCall::Recvmsg,
-        Ok(IoCall::Write) => event::IoCall::Write,
-        Ok(IoCall::Writev) => event::IoCall::Writev,
-        Ok(IoCall::Sendto) => event::IoCall::Sendto,
-        Ok(IoCall::Sendmsg) => event::IoCall::Sendmsg,
-        Ok(IoCall::Sendfile) => event::IoCall::Sendfile,
-        Ok(IoCall::SslRead) => event::IoCall::SslRead,
-        Ok(IoCall::SslWrite) => event::IoCall::SslWrite,
-        Ok(IoCall::Unspecified) | Err(_) => bail!("unknown I/O call {c}"),
-    })
-}
+wire_enum!(io_call, from_io_call, "I/O call", IoCall => IoCall {
+    Read <=> Read,
+    Readv <=> Readv,
+    Recvfrom <=> Recvfrom,
+    Recvmsg <=> Recvmsg,
+    Write <=> Write,
+    Writev <=> Writev,
+    Sendto <=> Sendto,
+    Sendmsg <=> Sendmsg,
+    Sendfile <=> Sendfile,
+    SslRead <=> SslRead,
+    SslWrite <=> SslWrite,
+});
 
-fn llm_probe(p: event::LlmProbe) -> LlmProbe {
-    match p {
-        event::LlmProbe::RequestStart => LlmProbe::RequestStart,
-        event::LlmProbe::RequestQueued => LlmProbe::RequestQueued,
-        event::LlmProbe::RequestScheduled => LlmProbe::RequestScheduled,
-        event::LlmProbe::PrefillStart => LlmProbe::PrefillStart,
-        event::LlmProbe::PrefillEnd => LlmProbe::PrefillEnd,
-        event::LlmProbe::Token => LlmProbe::Token,
-        event::LlmProbe::RequestEnd => LlmProbe::RequestEnd,
-        event::LlmProbe::BatchStep => LlmProbe::BatchStep,
-        event::LlmProbe::RequestPreempted => LlmProbe::RequestPreempted,
-    }
-}
+wire_enum!(llm_probe, from_llm_probe, "llm probe", LlmProbe => LlmProbe {
+    RequestStart <=> RequestStart,
+    RequestQueued <=> RequestQueued,
+    RequestScheduled <=> RequestScheduled,
+    PrefillStart <=> PrefillStart,
+    PrefillEnd <=> PrefillEnd,
+    Token <=> Token,
+    RequestEnd <=> RequestEnd,
+    BatchStep <=> BatchStep,
+    RequestPreempted <=> RequestPreempted,
+});
 
-fn from_llm_probe(p: i32) -> Result<event::LlmProbe> {
-    Ok(match LlmProbe::try_from(p) {
-        Ok(LlmProbe::RequestStart) => event::LlmProbe::RequestStart,
-        Ok(LlmProbe::RequestQueued) => event::LlmProbe::RequestQueued,
-        Ok(LlmProbe::RequestScheduled) => event::LlmProbe::RequestScheduled,
-        Ok(LlmProbe::PrefillStart) => event::LlmProbe::PrefillStart,
-        Ok(LlmProbe::PrefillEnd) => event::LlmProbe::PrefillEnd,
-        Ok(LlmProbe::Token) => event::LlmProbe::Token,
-        Ok(LlmProbe::RequestEnd) => event::LlmProbe::RequestEnd,
-        Ok(LlmProbe::BatchStep) => event::LlmProbe::BatchStep,
-        Ok(LlmProbe::RequestPreempted) => event::LlmProbe::RequestPreempted,
-        Ok(LlmProbe::Unspecified) | Err(_) => bail!("unknown llm probe {p}"),
-    })
-}
+wire_enum!(cuda_call, from_cuda_call, "CUDA sync call", CudaSyncCall => CudaSyncCall {
+    StreamSynchronize <=> CudaStreamSynchronize,
+    DeviceSynchronize <=> CudaDeviceSynchronize,
+    EventSynchronize <=> CudaEventSynchronize,
+    CuStreamSynchronize <=> CuStreamSynchronize,
+    CuCtxSynchronize <=> CuCtxSynchronize,
+});
 
-fn cuda_call(c: event::CudaSyncCall) -> CudaSyncCall {
-    match c {
-        event::CudaSyncCall::StreamSynchronize => CudaSyncCall::CudaStreamSynchronize,
-        event::CudaSyncCall::DeviceSynchronize => CudaSyncCall::CudaDeviceSynchronize,
-        event::CudaSyncCall::EventSynchronize => CudaSyncCall::CudaEventSynchronize,
-        event::CudaSyncCall::CuStreamSynchronize => CudaSyncCall::CuStreamSynchronize,
-        event::CudaSyncCall::CuCtxSynchronize => CudaSyncCall::CuCtxSynchronize,
-    }
-}
-
-fn from_cuda_call(c: i32) -> Result<event::CudaSyncCall> {
-    Ok(match CudaSyncCall::try_from(c) {
-        Ok(CudaSyncCall::CudaStreamSynchronize) => event::CudaSyncCall::StreamSynchronize,
-        Ok(CudaSyncCall::CudaDeviceSynchronize) => event::CudaSyncCall::DeviceSynchronize,
-        Ok(CudaSyncCall::CudaEventSynchronize) => event::CudaSyncCall::EventSynchronize,
-        Ok(CudaSyncCall::CuStreamSynchronize) => event::CudaSyncCall::CuStreamSynchronize,
-        Ok(CudaSyncCall::CuCtxSynchronize) => event::CudaSyncCall::CuCtxSynchronize,
-        Ok(CudaSyncCall::Unspecified) | Err(_) => bail!("unknown CUDA sync call {c}"),
-    })
-}
+wire_enum!(peer_close, from_peer_close, "peer close reason", PeerClose => PeerClose {
+    Fin <=> Fin,
+    Rst <=> Rst,
+    WriteEpipe <=> WriteEpipe,
+    WriteEconnreset <=> WriteEconnreset,
+});
 
 fn conn_event(c: &event::ConnEvent) -> Conn {
     Conn {
@@ -231,25 +209,6 @@ fn from_conn_event(c: Conn) -> Result<event::ConnEvent> {
         ts: c.ts_ns,
         addrs: from_addrs(c.addrs)?,
         established: c.established_ns,
-    })
-}
-
-fn peer_close(r: event::PeerClose) -> PeerClose {
-    match r {
-        event::PeerClose::Fin => PeerClose::Fin,
-        event::PeerClose::Rst => PeerClose::Rst,
-        event::PeerClose::WriteEpipe => PeerClose::WriteEpipe,
-        event::PeerClose::WriteEconnreset => PeerClose::WriteEconnreset,
-    }
-}
-
-fn from_peer_close(r: i32) -> Result<event::PeerClose> {
-    Ok(match PeerClose::try_from(r) {
-        Ok(PeerClose::Fin) => event::PeerClose::Fin,
-        Ok(PeerClose::Rst) => event::PeerClose::Rst,
-        Ok(PeerClose::WriteEpipe) => event::PeerClose::WriteEpipe,
-        Ok(PeerClose::WriteEconnreset) => event::PeerClose::WriteEconnreset,
-        Ok(PeerClose::Unspecified) | Err(_) => bail!("unknown peer close reason {r}"),
     })
 }
 
