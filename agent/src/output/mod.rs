@@ -9,6 +9,8 @@ pub use json::JsonTimeline;
 pub use summary::RunSummary;
 pub use text::text_line;
 
+use crate::model::RequestTimeline;
+
 /// Output format of `tokentrace run`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum OutputFormat {
@@ -16,4 +18,14 @@ pub enum OutputFormat {
     Text,
     /// One JSON object per request (JSON Lines).
     Json,
+}
+
+impl OutputFormat {
+    /// The line `tokentrace run` prints for `timeline` (no newline).
+    pub fn line(self, timeline: &RequestTimeline) -> String {
+        match self {
+            OutputFormat::Json => JsonTimeline::new(timeline).to_line(),
+            OutputFormat::Text => text_line(timeline),
+        }
+    }
 }

@@ -154,12 +154,19 @@ impl Pipeline {
     }
 }
 
+impl From<Change> for ProbeChange {
+    fn from(change: Change) -> Self {
+        match change {
+            Change::Trace(pid) => ProbeChange::Trace(pid),
+            Change::Untrace(pid) => ProbeChange::Untrace(pid),
+        }
+    }
+}
+
 impl Discovery {
     fn on_event(&mut self, event: &Event) {
-        match self.tracker.on_event(event, &self.proc_root) {
-            Some(Change::Trace(pid)) => self.changes.push(ProbeChange::Trace(pid)),
-            Some(Change::Untrace(pid)) => self.changes.push(ProbeChange::Untrace(pid)),
-            None => {}
+        if let Some(change) = self.tracker.on_event(event, &self.proc_root) {
+            self.changes.push(change.into());
         }
         match event {
             Event::LibraryMapped(mapped) => self.changes.push(ProbeChange::Rescan(mapped.pid)),
@@ -173,17 +180,13 @@ impl Discovery {
     /// stopped tracing because of it.
     fn review(&mut self, timeline: &RequestTimeline) -> (bool, Option<u32>) {
         let (report, change) = self.tracker.review(timeline);
-        let untraced = match change {
-            Some(Change::Untrace(pid)) => {
-                self.changes.push(ProbeChange::Untrace(pid));
-                Some(pid)
-            }
-            Some(Change::Trace(pid)) => {
-                self.changes.push(ProbeChange::Trace(pid));
-                None
-            }
-            None => None,
+        let Some(change) = change else {
+            return (report, None);
         };
-        (report, untraced)
+        self.changes.push(change.into());
+        match change {
+            Change::Untrace(pid) => (report, Some(pid)),
+            Change::Trace(_) => (report, None),
+        }
     }
 }

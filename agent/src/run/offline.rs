@@ -8,7 +8,7 @@ use std::io::{self, Write};
 
 use crate::event::MonoNs;
 use crate::ingest::decode;
-use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
+use crate::output::{OutputFormat, RunSummary};
 use crate::stitch::RequestTimeline;
 
 use crate::pipeline::Pipeline;
@@ -96,10 +96,7 @@ impl<W: Write> RecordReplay<W> {
             self.summary.record(&timeline);
             self.counts.requests += 1;
             self.counts.stalls += timeline.stalls.len() as u64;
-            let line = match self.format {
-                OutputFormat::Json => JsonTimeline::new(&timeline).to_line(),
-                OutputFormat::Text => text_line(&timeline),
-            };
+            let line = self.format.line(&timeline);
             self.counts.output_bytes += line.len() as u64 + 1;
             writeln!(self.out, "{line}")?;
         }

@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 
 use crate::event::{Event, MonoNs};
 use crate::export::{AgentCounters, Exporter};
-use crate::output::{text_line, JsonTimeline, OutputFormat, RunSummary};
+use crate::output::{OutputFormat, RunSummary};
 use crate::pipeline::Pipeline;
 use crate::session::SessionHub;
 use crate::stitch::RequestTimeline;
@@ -17,6 +17,7 @@ use crate::trigger::Triggers;
 use crate::units::monotonic_now;
 
 use super::probed::Probed;
+
 /// Why the run ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Stop {
@@ -35,10 +36,7 @@ pub(super) struct Printer {
 
 impl Printer {
     fn print(&mut self, timeline: &RequestTimeline) -> io::Result<()> {
-        let line = match self.format {
-            OutputFormat::Json => JsonTimeline::new(timeline).to_line(),
-            OutputFormat::Text => text_line(timeline),
-        };
+        let line = self.format.line(timeline);
         let mut out = self.out.lock();
         writeln!(out, "{line}")?;
         out.flush()
