@@ -8,10 +8,13 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject, UprobeOpts};
+use libbpf_rs::{MapCore, MapFlags, OpenObject};
 use tokentrace_probes::check::CheckSkelBuilder;
 
-use crate::probes::{ensure_tracefs, TracefsState};
+use crate::probes::{
+    ensure_tracefs, has_capability, try_uprobe, HostUprobes, TracefsState, UprobeMode,
+    UprobeModeSetting, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN,
+};
 
 /// How much a missing feature matters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,19 +42,12 @@ impl fmt::Display for CheckLine {
             (false, Need::Required) => "MISSING",
             (false, Need::Optional) => "missing (optional)",
         };
-        write!(f, "{:<12} {:<19} {}", self.name, status, self.detail)?;
+        write!(f, "{:<14} {:<19} {}", self.name, status, self.detail)?;
         if let (false, Some(fix)) = (self.ok, &self.fix) {
-            write!(f, "\n{:<12} {:<19} fix: {fix}", "", "")?;
+            write!(f, "\n{:<14} {:<19} fix: {fix}", "", "")?;
         }
         Ok(())
     }
-}
-
-/// A function of this executable for the uprobe check to attach to.
-#[no_mangle]
-#[inline(never)]
-pub extern "C" fn tokentrace_uprobe_check_target(x: u64) -> u64 {
-    std::hint::black_box(x).wrapping_add(1)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -60,7 +56,6 @@ enum Probe {
     TpBtf,
     Kprobe,
     Fentry,
-    Uprobe,
 }
 
 /// Loads only `probe`'s program, attaches it, triggers it where it can,
@@ -82,9 +77,8 @@ fn try_probe(probe: Probe) -> Result<Option<u64>> {
     open.progs
         .check_fentry
         .set_autoload(matches!(probe, Probe::Fentry));
-    open.progs
-        .check_uprobe
-        .set_autoload(matches!(probe, Probe::Uprobe));
+    open.progs.check_uprobe.set_autoload(false);
+    open.progs.check_uprobe_multi.set_autoload(false);
     let skel = open.load().context("load")?;
     let read_hits = || -> Result<u64> {
         let bss = skel
@@ -100,19 +94,6 @@ fn try_probe(probe: Probe) -> Result<Option<u64>> {
             let _link = skel.progs.check_tracepoint.attach().context("attach")?;
             // SAFETY: getppid has no preconditions.
             unsafe { libc::getppid() };
-            Ok(Some(read_hits()?))
-        }
-        Probe::Uprobe => {
-            let opts = UprobeOpts {
-                func_name: Some("tokentrace_uprobe_check_target".into()),
-                ..UprobeOpts::default()
-            };
-            let _link = skel
-                .progs
-                .check_uprobe
-                .attach_uprobe_with_opts(0, "/proc/self/exe", 0, opts)
-                .context("attach")?;
-            tokentrace_uprobe_check_target(1);
             Ok(Some(read_hits()?))
         }
         Probe::TpBtf => skel
@@ -152,21 +133,7 @@ fn probe_line(name: &'static str, probe: Probe, need: Need, fix: &str) -> CheckL
     }
 }
 
-fn has_capability(bit: u32) -> bool {
-    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
-        return false;
-    };
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("CapEff:"))
-        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
-        .is_some_and(|caps| caps & (1 << bit) != 0)
-}
-
 fn privileges() -> CheckLine {
-    const CAP_SYS_ADMIN: u32 = 21;
-    const CAP_PERFMON: u32 = 38;
-    const CAP_BPF: u32 = 39;
     // SAFETY: geteuid has no preconditions.
     let root = unsafe { libc::geteuid() } == 0;
     let bpf = has_capability(CAP_BPF) && has_capability(CAP_PERFMON);
@@ -176,7 +143,8 @@ fn privileges() -> CheckLine {
         ok: bpf || admin,
         need: Need::Required,
         detail: format!(
-            "euid {}root, CAP_BPF+CAP_PERFMON {}, CAP_SYS_ADMIN {}",
+            "euid {}root, CAP_BPF+CAP_PERFMON {}, CAP_SYS_ADMIN {} (what uprobes need: see \
+             their lines)",
             if root { "" } else { "non-" },
             if bpf { "yes" } else { "no" },
             if admin { "yes" } else { "no" }
@@ -255,6 +223,92 @@ fn ring_buffer() -> CheckLine {
     }
 }
 
+/// One line per uprobe attach mode (tried on a function of the agent
+/// itself), then the mode `run` takes here and what each probe kind gets.
+fn uprobe_lines() -> Vec<CheckLine> {
+    let modes = [
+        (
+            "uprobe_multi",
+            UprobeMode::Multi,
+            "needs Linux 6.6+ (BPF uprobe_multi links: no CAP_SYS_ADMIN needed)",
+        ),
+        (
+            "uprobe perf",
+            UprobeMode::PerfEvent,
+            "needs CAP_SYS_ADMIN on kernels patched for CVE-2025-38466 (6.16+, 6.12.39+, 6.6.99+, 6.1.146+, 5.15.189+, 5.10.240+)",
+        ),
+        (
+            "uprobe tracefs",
+            UprobeMode::Tracefs,
+            "needs tracefs mounted writable (uprobe_events) and CAP_PERFMON",
+        ),
+    ];
+    let mut lines: Vec<CheckLine> = modes
+        .into_iter()
+        .map(|(name, mode, fix)| {
+            let (ok, detail) = match try_uprobe(mode) {
+                Ok(hits) => (true, format!("attached and fired ({hits} hit)")),
+                Err(err) => (false, format!("{err:#}")),
+            };
+            CheckLine {
+                name,
+                ok,
+                need: Need::Optional,
+                detail,
+                fix: Some(fix.into()),
+            }
+        })
+        .collect();
+    let works = |mode: UprobeMode| {
+        let name = match mode {
+            UprobeMode::Multi => "uprobe_multi",
+            UprobeMode::PerfEvent => "uprobe perf",
+            UprobeMode::Tracefs => "uprobe tracefs",
+        };
+        lines.iter().any(|l| l.name == name && l.ok)
+    };
+    let host = HostUprobes::probe();
+    let chosen = host.choose(UprobeModeSetting::Auto).ok();
+    let chosen_works = chosen.is_some_and(works);
+    let usdt_mode = if host.multi.is_ok() {
+        UprobeMode::Multi
+    } else {
+        UprobeMode::PerfEvent
+    };
+    let usdt_works = works(usdt_mode);
+    let mode_detail = |mode: Option<UprobeMode>, ok: bool| match mode {
+        Some(mode) if ok => format!("{mode} (run --uprobe-mode auto)"),
+        Some(mode) => format!("{mode} would be tried, and it does not attach here"),
+        None => "no mode".into(),
+    };
+    lines.push(CheckLine {
+        name: "OpenSSL/CUDA",
+        ok: chosen_works,
+        need: Need::Optional,
+        detail: mode_detail(chosen, chosen_works),
+        fix: Some(
+            "one of the uprobe modes above must work: Linux 6.6+, or CAP_SYS_ADMIN, or a \
+             writable tracefs"
+                .into(),
+        ),
+    });
+    lines.push(CheckLine {
+        name: "USDT",
+        ok: usdt_works,
+        need: Need::Optional,
+        detail: format!(
+            "{} (libbpf's choice: uprobe_multi where the kernel has it, else perf events)",
+            mode_detail(Some(usdt_mode), usdt_works)
+        ),
+        fix: Some(
+            "USDT is attached by libbpf: Linux 6.6+ (uprobe_multi), or CAP_SYS_ADMIN on older \
+             patched kernels"
+                .into(),
+        ),
+    });
+    lines
+}
+
 /// Runs every check. The probe checks need the earlier ones to pass.
 pub fn run_checks() -> Vec<CheckLine> {
     // Failures are expected here and reported on their line: libbpf's own
@@ -276,24 +330,7 @@ pub fn run_checks() -> Vec<CheckLine> {
         Need::Required,
         "needs BTF (CONFIG_DEBUG_INFO_BTF) and Linux 5.5 or later",
     ));
-    let uprobes = probe_line(
-        "uprobes",
-        Probe::Uprobe,
-        Need::Optional,
-        "needs CONFIG_UPROBE_EVENTS; TLS, CUDA and USDT probes depend on it",
-    );
-    lines.push(CheckLine {
-        name: "USDT",
-        ok: uprobes.ok,
-        need: Need::Optional,
-        detail: if uprobes.ok {
-            "available (libbpf USDT support over uprobes)".into()
-        } else {
-            "unavailable: uprobes do not work".into()
-        },
-        fix: Some("USDT probes are uprobes: fix uprobes first".into()),
-    });
-    lines.insert(lines.len() - 1, uprobes);
+    lines.extend(uprobe_lines());
     lines.push(probe_line(
         "kprobes",
         Probe::Kprobe,

@@ -90,6 +90,17 @@ pub struct RunArgs {
     #[arg(long, env = "TOKENTRACE_UPROBES_ALL_PROCESSES")]
     pub uprobes_all_processes: bool,
 
+    /// How uprobes are attached (overrides discovery.uprobe_mode): auto
+    /// picks uprobe_multi links where the kernel has them (no
+    /// CAP_SYS_ADMIN needed), else perf events, else tracefs.
+    #[arg(long, value_enum, env = "TOKENTRACE_UPROBE_MODE")]
+    pub uprobe_mode: Option<crate::probes::UprobeModeSetting>,
+
+    /// Go on (and say ready) when probes the traced processes need cannot
+    /// be attached (discovery.allow_degraded); the ready line lists them.
+    #[arg(long, env = "TOKENTRACE_ALLOW_DEGRADED")]
+    pub allow_degraded: bool,
+
     /// Kubernetes pod scope (replaces kubernetes.namespaces/selector;
     /// boxed to keep `Command` small).
     #[command(flatten)]

@@ -100,6 +100,8 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         config: args.config.clone(),
         capture_bytes: args.capture_bytes,
         uprobes_all_processes: false,
+        uprobe_mode: None,
+        allow_degraded: false,
         export: Box::default(),
         k8s: Box::default(),
         control: Box::new(ControlArgs {

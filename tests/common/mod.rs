@@ -356,13 +356,31 @@ pub fn start_agent(args: &[String]) -> Agent {
 /// `TOKENTRACE_*` (but the log level) and `OTEL_*` variables are removed
 /// first, so a developer's or CI's environment cannot change what runs.
 pub fn start_agent_with_env(args: &[String], env: &[(&str, &str)]) -> Agent {
+    start_agent_under(&[], args, env)
+}
+
+/// [`start_agent_with_env`] run through `wrapper` (e.g. `setpriv … --`,
+/// to hold only the capabilities a DaemonSet grants).
+pub fn start_agent_under(wrapper: &[String], args: &[String], env: &[(&str, &str)]) -> Agent {
     let bin = agent_bin();
     let mut full: Vec<String> = vec!["run".into()];
     full.extend(args.iter().cloned());
     full.extend(["--output".to_string(), "json".to_string()]);
-    eprintln!("[test] {} {}", bin.display(), full.join(" "));
+    eprintln!(
+        "[test] {} {} {}",
+        wrapper.join(" "),
+        bin.display(),
+        full.join(" ")
+    );
     let t0 = Instant::now();
-    let mut cmd = Command::new(&bin);
+    let mut cmd = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(rest).arg(&bin);
+            cmd
+        }
+        None => Command::new(&bin),
+    };
     // the CLI reads TOKENTRACE_* overrides: only the log level may leak in
     for (k, _) in std::env::vars_os() {
         let key = k.to_string_lossy();

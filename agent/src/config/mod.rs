@@ -119,6 +119,12 @@ pub struct DiscoveryConfig {
     /// Uprobes for every process mapping a probed library, not only the
     /// traced ones (untraced processes then pay each probe's trap).
     pub uprobes_all_processes: bool,
+    /// How uprobes are attached (`auto`: uprobe_multi links where the
+    /// kernel has them; see `tokentrace check`).
+    pub uprobe_mode: crate::probes::UprobeModeSetting,
+    /// Run (and say ready) even when probes the traced processes need
+    /// could not be attached.
+    pub allow_degraded: bool,
 }
 
 impl Default for Config {

@@ -22,6 +22,10 @@ impl Readiness {
         self.0.store(true, Ordering::Release);
     }
 
+    pub fn clear(&self) {
+        self.0.store(false, Ordering::Release);
+    }
+
     fn get(&self) -> bool {
         self.0.load(Ordering::Acquire)
     }
@@ -41,7 +45,7 @@ pub fn respond(
         READINESS_PATH if ready.get() => Some((StatusCode::OK, "ready\n")),
         READINESS_PATH => Some((
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: eBPF programs not attached yet\n",
+            "not ready: eBPF programs not attached yet, or probes a traced process needs failed to attach (see the agent's log)\n",
         )),
         _ => None,
     }

@@ -268,6 +268,8 @@ pub struct AgentCounters {
     /// Children of traced processes the full in-kernel pid filter could
     /// not take: they run untraced.
     pub untraced_forks: u64,
+    /// Probe sets that could not be attached, by kind and reason.
+    pub probe_attach_failures: crate::probes::FailureCounts,
 }
 
 /// Counters of the export path itself.
@@ -650,6 +652,18 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
         ),
     ];
     list.extend(overflow);
+    for (k, kind) in crate::probes::ProbeKind::ALL.into_iter().enumerate() {
+        for (r, reason) in crate::probes::FailureReason::ALL.into_iter().enumerate() {
+            list.push(m(
+                "tokentrace.probe.attach_failures",
+                "tokentrace_probe_attach_failures",
+                "Probe sets (a process, a file, a kind) that could not be attached",
+                Counter,
+                &[("kind", kind.label()), ("reason", reason.label())],
+                agent.probe_attach_failures[k][r],
+            ));
+        }
+    }
     list
 }
 

@@ -393,6 +393,14 @@ impl Exporter {
         }
     }
 
+    /// Marks the agent not ready again: probes a traced process needs
+    /// could not be attached.
+    pub fn set_unready(&self) {
+        if let Some(active) = &self.active {
+            active.shared.ready.clear();
+        }
+    }
+
     /// Adds container and Kubernetes attributes (and the workload's name
     /// as the default `service.name`) to traced processes' resources.
     pub fn set_kubernetes(&mut self, metadata: crate::k8s::Metadata) {

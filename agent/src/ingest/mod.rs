@@ -22,7 +22,9 @@ pub use decode::{decode, DecodeError};
 use deliver::{deliver, Delivery};
 
 use crate::event::Event;
-use crate::probes::{FileLinks, KernelCounters, ProbeCommand, ProbeSet, ProbeSettings, TracedPids};
+use crate::probes::{
+    AttachFailures, FileLinks, KernelCounters, ProbeCommand, ProbeSet, ProbeSettings, TracedPids,
+};
 
 /// Counters of the userspace half of ingestion.
 #[derive(Debug, Default)]
@@ -42,6 +44,8 @@ pub struct Ingest {
     pub traced_pids: TracedPids,
     pub kernel_counters: KernelCounters,
     pub stats: Arc<IngestStats>,
+    /// Uprobes the traced processes need that could not be attached.
+    pub attach_failures: Arc<AttachFailures>,
     commands: std_mpsc::Sender<ProbeCommand>,
     wake: wakeup::Notifier,
     stop: Arc<AtomicBool>,
@@ -77,13 +81,14 @@ impl Ingest {
                 }
             })
             .context("spawning the ingest thread")?;
-        let (traced_pids, kernel_counters, wake) = ready_rx
+        let (traced_pids, kernel_counters, wake, attach_failures) = ready_rx
             .recv()
             .map_err(|_| anyhow!("the ingest thread ended before the probes were attached"))??;
         Ok(Self {
             traced_pids,
             kernel_counters,
             stats,
+            attach_failures,
             commands,
             wake,
             stop,
@@ -138,7 +143,12 @@ impl Drop for Ingest {
     }
 }
 
-type Ready = Result<(TracedPids, KernelCounters, wakeup::Notifier)>;
+type Ready = Result<(
+    TracedPids,
+    KernelCounters,
+    wakeup::Notifier,
+    Arc<AttachFailures>,
+)>;
 
 /// The ingest thread's ends of its channels.
 struct Channels<'a> {
@@ -183,7 +193,10 @@ fn run_thread(
     });
     let (ring, wakeup) = match (handles, ring, waiting) {
         (Ok((pids, counters)), Ok(ring), Some(Ok((wakeup, notifier)))) => {
-            if ready.send(Ok((pids, counters, notifier))).is_err() {
+            if ready
+                .send(Ok((pids, counters, notifier, probes.failures())))
+                .is_err()
+            {
                 return;
             }
             (ring, wakeup)

@@ -68,6 +68,8 @@ pub struct RunSummary {
     /// Children of traced processes the kernel's pid filter had no room
     /// for (they run untraced).
     pub untraced_forks: u64,
+    /// Probe sets that could not be attached (a process × file × kind).
+    pub probe_attach_failures: u64,
     pub stitch: StitchStats,
     inference: InferenceCounts,
 }
@@ -167,6 +169,7 @@ struct SummaryJson<'a> {
     decode_errors: u64,
     channel_waits: u64,
     untraced_forks: u64,
+    probe_attach_failures: u64,
     inference: InferenceJson,
     stitch: &'a StitchStats,
 }
@@ -197,6 +200,7 @@ impl RunSummary {
             decode_errors: self.decode_errors,
             channel_waits: self.channel_waits,
             untraced_forks: self.untraced_forks,
+            probe_attach_failures: self.probe_attach_failures,
             inference: InferenceJson {
                 usdt_events: inf.usdt_events,
                 cuda_syncs: inf.cuda_syncs,
@@ -238,6 +242,13 @@ impl fmt::Display for RunSummary {
                 f,
                 "  untraced: {} forked children (the kernel's pid filter is full: 8192 processes)",
                 self.untraced_forks
+            )?;
+        }
+        if self.probe_attach_failures > 0 {
+            writeln!(
+                f,
+                "  probes: {} probe set(s) could not be attached (the log names each, with cause and fix)",
+                self.probe_attach_failures
             )?;
         }
         let inf = &self.inference;

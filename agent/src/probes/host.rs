@@ -50,6 +50,22 @@ pub fn ensure_tracefs() -> Result<TracefsState> {
     Ok(TracefsState::MountedByAgent)
 }
 
+pub const CAP_SYS_ADMIN: u32 = 21;
+pub const CAP_PERFMON: u32 = 38;
+pub const CAP_BPF: u32 = 39;
+
+/// Whether this process holds capability `bit` (its effective set).
+pub fn has_capability(bit: u32) -> bool {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return false;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .is_some_and(|caps| caps & (1 << bit) != 0)
+}
+
 /// Sends libbpf's own messages (verifier logs, attach failures) to `tracing`.
 pub fn route_libbpf_logs() {
     fn forward(level: libbpf_rs::PrintLevel, msg: String) {

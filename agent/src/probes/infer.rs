@@ -7,14 +7,15 @@ use std::mem::MaybeUninit;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
 use libbpf_rs::{Link, OpenObject, UsdtOpts};
 use tokentrace_probes::infer::types::tt_llm_probe;
 use tokentrace_probes::infer::{InferSkel, InferSkelBuilder};
 
-use super::attach_site;
+use super::attach::{self, Attached};
 use super::sock::SockProbes;
+use super::UprobeMode;
 use crate::discover::libraries::Site;
 
 /// The `llm` provider's probe names with the cookie the program reads to
@@ -38,12 +39,15 @@ pub struct InferProbes {
 }
 
 impl InferProbes {
-    /// Loads `infer.bpf.c` into the ring buffer and pid filter of `sock`.
+    /// Loads `infer.bpf.c` into the ring buffer and pid filter of `sock`,
+    /// its CUDA programs for uprobes in `uprobe_mode` (the USDT program's
+    /// attach type is libbpf's choice: uprobe_multi where the kernel has it).
     pub fn load(
         sock: &SockProbes,
         offcpu_min_ns: u64,
         wakeup_bytes: u64,
         agent_pid: u32,
+        uprobe_mode: UprobeMode,
     ) -> Result<Self> {
         // Loaded once per run; see SockProbes::load for why it is leaked.
         let storage: &'static mut MaybeUninit<OpenObject> =
@@ -51,6 +55,7 @@ impl InferProbes {
         let mut open = InferSkelBuilder::default()
             .open(storage)
             .context("opening the inference BPF object")?;
+        super::prepare_uprobes(open.open_object_mut(), uprobe_mode);
         let (events, traced) = sock.shared_maps();
         open.maps
             .events
@@ -86,16 +91,20 @@ impl InferProbes {
     /// Attaches the `llm:*` probes `file` defines (names from its
     /// `.note.stapsdt`) for `pid` (None: every process using the file);
     /// libbpf honours USDT semaphores. USDT sites are `nop`s: emulated.
-    pub fn attach_usdt(
+    pub(crate) fn attach_usdt(
         &self,
         pid: Option<u32>,
         file: &Path,
         probes: &[String],
-    ) -> Result<Vec<Link>> {
+    ) -> Result<Attached> {
         let pid = pid
             .map_or(Ok(-1), i32::try_from)
             .context("pid out of range")?;
-        let mut links = Vec::new();
+        let mut done = Attached {
+            links: Vec::new(),
+            functions: Vec::new(),
+            failed: Vec::new(),
+        };
         for (name, cookie) in LLM_PROBES {
             if !probes.iter().any(|p| p == name) {
                 continue;
@@ -110,22 +119,30 @@ impl InferProbes {
                 .llm_probe
                 .attach_usdt_with_opts(pid, file, "llm", name, opts)
             {
-                Ok(link) => links.push(link),
-                Err(err) => tracing::warn!("USDT llm:{name} in {}: {err}", file.display()),
+                Ok(link) => {
+                    done.links.push(link);
+                    done.functions.push(name);
+                }
+                Err(err) => done.failed.push((
+                    name,
+                    anyhow::Error::new(err).context(format!("USDT llm:{name}")),
+                )),
             }
         }
-        if links.is_empty() {
-            bail!("no llm:* probe of {} could be attached", file.display());
-        }
-        Ok(links)
+        Ok(done)
     }
 
     /// Attaches the CUDA uprobes at `sites` of a libcudart or libcuda file
-    /// for `pid` (None: every process).
-    pub fn attach_cuda(&self, pid: Option<u32>, file: &Path, sites: &[Site]) -> Result<Vec<Link>> {
+    /// for `pid` (None: every process) in `mode`.
+    pub(crate) fn attach_cuda(
+        &self,
+        mode: UprobeMode,
+        pid: Option<u32>,
+        file: &Path,
+        sites: &[Site],
+    ) -> Result<Attached> {
         let progs = &self.skel.progs;
-        let mut links = Vec::new();
-        for site in sites {
+        let probes = attach::site_probes(sites, &progs.cuda_sync_exit, |site| {
             let program = match site.function {
                 "cudaLaunchKernel" | "cuLaunchKernel" | "cuLaunchKernelEx" => {
                     &progs.cuda_launch_kernel
@@ -139,22 +156,12 @@ impl InferProbes {
                 "cuCtxSynchronize" => &progs.cu_ctx_sync,
                 other => {
                     tracing::debug!("no CUDA program for {other}");
-                    continue;
+                    return None;
                 }
             };
-            let exit = site.return_probe.then_some(&progs.cuda_sync_exit);
-            match attach_site(program, exit, site, pid, file) {
-                Ok(site_links) => links.extend(site_links),
-                Err(err) => tracing::debug!("{}: not probed: {err:#}", site.function),
-            }
-        }
-        if links.is_empty() {
-            bail!(
-                "{}: none of the CUDA functions could be probed",
-                file.display()
-            );
-        }
-        Ok(links)
+            Some(program)
+        })?;
+        attach::attach(mode, &probes, pid, file)
     }
 
     /// A handle on the inference probes' `.bss` (their ring buffer drop

@@ -1,55 +1,41 @@
 //! Loading, attaching and detaching the kernel probes: the only module
 //! that talks to libbpf. [`ProbeSet`] is what a run owns.
 
-use std::path::Path;
-
-use anyhow::{Context, Result};
-
-use crate::discover::libraries::Site;
-
+mod attach;
+mod failures;
 mod host;
 mod infer;
 mod set;
 mod sock;
+mod uprobe_mode;
 
-pub use host::{ensure_tracefs, load_failure, route_libbpf_logs, TracefsState};
+pub use failures::{AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};
+pub use host::{
+    ensure_tracefs, has_capability, load_failure, route_libbpf_logs, TracefsState, CAP_BPF,
+    CAP_PERFMON, CAP_SYS_ADMIN,
+};
 pub use infer::{InferProbes, LLM_PROBES};
 pub use set::{FileLinks, ProbeCommand, ProbeSet};
 pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
 };
+pub use uprobe_mode::{
+    tokentrace_uprobe_check_target, try_uprobe, HostUprobes, UprobeMode, UprobeModeSetting,
+};
 
-/// Attaches `entry` (and `exit` as a return probe) at `site` of `path`, for
-/// `pid` (None: every process mapping the file). The file offset comes from
-/// the agent's own ELF reading (`discover::placement`): no symbol lookup
-/// by libbpf per attach.
-pub(crate) fn attach_site(
-    entry: &libbpf_rs::ProgramMut<'_>,
-    exit: Option<&libbpf_rs::ProgramMut<'_>>,
-    site: &Site,
-    pid: Option<u32>,
-    path: &Path,
-) -> Result<Vec<libbpf_rs::Link>> {
-    let pid = pid
-        .map_or(Ok(-1), i32::try_from)
-        .context("pid out of range")?;
-    let offset = usize::try_from(site.placement.file_offset).context("file offset out of range")?;
-    let mut links = Vec::with_capacity(2);
-    for (program, retprobe) in [(Some(entry), false), (exit, true)] {
-        let Some(program) = program else { continue };
-        let opts = libbpf_rs::UprobeOpts {
-            retprobe,
-            ..libbpf_rs::UprobeOpts::default()
-        };
-        let link = program
-            .attach_uprobe_with_opts(pid, path, offset, opts)
-            .with_context(|| {
-                let kind = if retprobe { "return probe" } else { "probe" };
-                format!("{kind} on {} at {}", site.function, site.placement.at)
-            })?;
-        links.push(link);
+/// Loads uprobe programs of an open object for `mode`: uprobe_multi links
+/// take only programs loaded with that attach type, perf-event and tracefs
+/// uprobes only programs loaded without it.
+fn prepare_uprobes(object: &mut libbpf_rs::OpenObject, mode: UprobeMode) {
+    if mode != UprobeMode::Multi {
+        return;
     }
-    Ok(links)
+    for mut program in object.progs_mut() {
+        let section = program.section().to_string_lossy();
+        if section == "uprobe" || section == "uretprobe" {
+            program.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
+        }
+    }
 }
 
 /// Detaches `links` concurrently. Closing a tracepoint or uprobe perf event

@@ -4,13 +4,17 @@
 //! between two reads of the ring buffer) and drops them at its end.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::mpsc as std_mpsc;
+use std::sync::{mpsc as std_mpsc, Arc};
 
 use anyhow::Result;
 
 use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
 
-use super::{InferProbes, KernelCounters, ProbeSettings, SockProbes, TracedPids};
+use super::attach::Attached;
+use super::{
+    AttachFailure, AttachFailures, InferProbes, KernelCounters, ProbeKind, ProbeSettings,
+    SockProbes, TracedPids, UprobeMode,
+};
 
 /// Probe changes for the thread that holds the [`ProbeSet`], carried out
 /// between two reads of the ring buffer (the thread is woken for them).
@@ -27,8 +31,11 @@ pub enum ProbeCommand {
 /// The loaded probe sets.
 pub struct ProbeSet {
     sock: SockProbes,
-    /// None when the inference probes could not load (no uprobes, …).
-    infer: Option<InferProbes>,
+    /// Why the inference probes could not load, when they did not: the
+    /// CUDA and USDT probes of the files that need them are failures then.
+    infer: Result<InferProbes>,
+    uprobe_mode: UprobeMode,
+    failures: Arc<AttachFailures>,
 }
 
 /// Uprobe links attached for files, by (pid, file): pid None for links of
@@ -42,19 +49,27 @@ impl ProbeSet {
     /// (without them the run goes on: no USDT, CUDA or off-CPU events).
     pub fn load(settings: &ProbeSettings) -> Result<Self> {
         let sock = SockProbes::load(settings)?;
-        let infer = match InferProbes::load(
+        let infer = InferProbes::load(
             &sock,
             settings.min_interval_ns,
             settings.wakeup_bytes,
             settings.agent_pid,
-        ) {
-            Ok(infer) => Some(infer),
-            Err(err) => {
-                tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");
-                None
-            }
-        };
-        Ok(Self { sock, infer })
+            settings.uprobe_mode,
+        );
+        if let Err(err) = &infer {
+            tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");
+        }
+        Ok(Self {
+            sock,
+            infer,
+            uprobe_mode: settings.uprobe_mode,
+            failures: Arc::default(),
+        })
+    }
+
+    /// The attach failures of this run, shared with the run loop.
+    pub fn failures(&self) -> Arc<AttachFailures> {
+        Arc::clone(&self.failures)
     }
 
     /// A consumer of the events ring buffer (both probe sets write it),
@@ -72,56 +87,85 @@ impl ProbeSet {
         let pids = self.sock.traced_pids()?;
         let counters = self.sock.counters()?;
         let counters = match self.infer.as_ref().map(InferProbes::bss_handle) {
-            Some(Ok(bss)) => counters.with_infer(bss),
-            Some(Err(err)) => {
+            Ok(Ok(bss)) => counters.with_infer(bss),
+            Ok(Err(err)) => {
                 tracing::warn!("inference probes' drop counter unreadable: {err:#}");
                 counters
             }
-            None => counters,
+            Err(_) => counters,
         };
         Ok((pids, counters))
     }
 
-    /// Attaches what `file` offers for `pid` (None: every process); failures
-    /// of one kind do not stop the others.
+    /// Attaches what `file` offers for `pid` (None: every process);
+    /// failures of one kind do not stop the others, and each is recorded.
     fn attach_file(&self, pid: Option<u32>, file: &ProbedFile) -> Vec<libbpf_rs::Link> {
         let mut links = Vec::new();
         let mut attached = Vec::new();
-        let mut add = |kind: &str, result: Result<Vec<libbpf_rs::Link>>| match result {
-            Ok(l) => {
-                attached.push(format!("{kind} ({} probes)", l.len()));
-                links.extend(l);
+        let mode = self.uprobe_mode;
+        let mut add = |kind: ProbeKind, result: Result<Attached>| {
+            let failure = |probe: &str, err: &anyhow::Error| {
+                AttachFailure::new(kind, mode, pid, &file.mapped_as, probe, err)
+            };
+            let done = match result {
+                Ok(done) => done,
+                Err(err) => return self.failures.record(failure("-", &err)),
+            };
+            // A kind is in place when its essential probes are: for
+            // OpenSSL a data function (handshake and free only refine).
+            let in_place = match kind {
+                ProbeKind::OpenSsl => done
+                    .functions
+                    .iter()
+                    .any(|f| f.starts_with("SSL_read") || f.starts_with("SSL_write")),
+                ProbeKind::Cuda | ProbeKind::Usdt => !done.functions.is_empty(),
+            };
+            match (in_place, done.failed.first()) {
+                (false, Some((probe, err))) => self.failures.record(failure(probe, err)),
+                (false, None) => self.failures.record(failure(
+                    "-",
+                    &anyhow::anyhow!("no probe site found in the file"),
+                )),
+                (true, _) => {
+                    for (probe, err) in &done.failed {
+                        tracing::warn!(
+                            "{}: {probe} not probed in {} ({mode} mode): {err:#}",
+                            kind.title(),
+                            file.mapped_as
+                        );
+                    }
+                    attached.push(format!("{} ({} probes)", kind.title(), done.links.len()));
+                    links.extend(done.links);
+                }
             }
-            Err(err) => tracing::warn!("{kind}: cannot probe {}: {err:#}", file.mapped_as),
         };
+        let path = &file.path;
         if !file.probes.tls.is_empty() {
             add(
-                "OpenSSL",
-                self.sock.attach_tls(pid, &file.path, &file.probes.tls),
+                ProbeKind::OpenSsl,
+                self.sock.attach_tls(mode, pid, path, &file.probes.tls),
             );
         }
-        match (&self.infer, file.probes.cuda) {
-            (Some(infer), Some(_)) => add(
-                "CUDA",
-                infer.attach_cuda(pid, &file.path, &file.probes.cuda_sites),
-            ),
-            (None, Some(_)) => {
-                tracing::debug!("{}: CUDA library, but no inference probes", file.mapped_as)
-            }
-            _ => {}
+        let inference = |kind: ProbeKind| -> Result<&InferProbes> {
+            self.infer.as_ref().map_err(|err| {
+                anyhow::anyhow!("the inference probes did not load: {err:#}")
+                    .context(format!("{} probes", kind.title()))
+            })
+        };
+        if file.probes.cuda.is_some() {
+            let result = inference(ProbeKind::Cuda)
+                .and_then(|infer| infer.attach_cuda(mode, pid, path, &file.probes.cuda_sites));
+            add(ProbeKind::Cuda, result);
         }
         if !file.probes.usdt.is_empty() {
-            if let Some(infer) = &self.infer {
-                add(
-                    "USDT llm",
-                    infer.attach_usdt(pid, &file.path, &file.probes.usdt),
-                );
-            }
+            let result = inference(ProbeKind::Usdt)
+                .and_then(|infer| infer.attach_usdt(pid, path, &file.probes.usdt));
+            add(ProbeKind::Usdt, result);
         }
         if !attached.is_empty() {
             let whom = pid.map_or("every process".to_string(), |p| format!("pid {p}"));
             tracing::info!(
-                "probing {}: {} for {whom}",
+                "probing {}: {} for {whom} ({mode} uprobes)",
                 file.mapped_as,
                 attached.join(", ")
             );

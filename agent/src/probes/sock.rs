@@ -6,10 +6,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
-use libbpf_rs::{Link, MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
+use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 use tokentrace_probes::sock::{types, SockSkel, SockSkelBuilder};
 
-use super::attach_site;
+use super::attach::{self, Attached};
+use super::UprobeMode;
 use crate::discover::libraries::Site;
 
 /// Largest payload prefix the kernel side can copy (`MAX_CAPTURE` in events.h).
@@ -34,6 +35,9 @@ pub struct ProbeSettings {
     pub report_all_execs: bool,
     /// Report every listen() on the host (selection by port, automatic).
     pub report_listens: bool,
+    /// How uprobes (OpenSSL, CUDA) are attached; the programs are loaded
+    /// for it.
+    pub uprobe_mode: UprobeMode,
 }
 
 /// Loaded and attached socket probes. Dropping it detaches every program.
@@ -55,6 +59,7 @@ impl SockProbes {
             .open(storage)
             .context("opening the socket BPF object")?;
 
+        super::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
         let rodata = open
             .maps
             .rodata_data
@@ -262,40 +267,30 @@ impl KernelCounters {
 
 impl SockProbes {
     /// Attaches the OpenSSL probes at `sites` of `path` for `pid` (None:
-    /// every process). Returns the links; dropping them detaches. It is an
-    /// error only if no data function could be probed.
-    pub fn attach_tls(&self, pid: Option<u32>, path: &Path, sites: &[Site]) -> Result<Vec<Link>> {
+    /// every process) in `mode`; what failed is in the result.
+    pub(crate) fn attach_tls(
+        &self,
+        mode: UprobeMode,
+        pid: Option<u32>,
+        path: &Path,
+        sites: &[Site],
+    ) -> Result<Attached> {
         let progs = &self.skel.progs;
-        let mut links = Vec::new();
-        let mut data_probes = 0;
-        for site in sites {
-            let (program, data) = match site.function {
-                "SSL_read" => (&progs.ssl_read_enter, true),
-                "SSL_write" => (&progs.ssl_write_enter, true),
-                "SSL_read_ex" => (&progs.ssl_read_ex_enter, true),
-                "SSL_write_ex" => (&progs.ssl_write_ex_enter, true),
-                "SSL_do_handshake" => (&progs.ssl_handshake_enter, false),
-                "SSL_free" => (&progs.ssl_free_enter, false),
+        let probes = attach::site_probes(sites, &progs.ssl_exit, |site| {
+            let program = match site.function {
+                "SSL_read" => &progs.ssl_read_enter,
+                "SSL_write" => &progs.ssl_write_enter,
+                "SSL_read_ex" => &progs.ssl_read_ex_enter,
+                "SSL_write_ex" => &progs.ssl_write_ex_enter,
+                "SSL_do_handshake" => &progs.ssl_handshake_enter,
+                "SSL_free" => &progs.ssl_free_enter,
                 other => {
                     tracing::debug!("no OpenSSL program for {other}");
-                    continue;
+                    return None;
                 }
             };
-            let exit = site.return_probe.then_some(&progs.ssl_exit);
-            match attach_site(program, exit, site, pid, path) {
-                Ok(site_links) => {
-                    data_probes += usize::from(data);
-                    links.extend(site_links);
-                }
-                Err(err) => tracing::debug!("{}: not probed: {err:#}", site.function),
-            }
-        }
-        if data_probes == 0 {
-            anyhow::bail!(
-                "{}: none of SSL_read/SSL_write/SSL_read_ex/SSL_write_ex could be probed",
-                path.display()
-            );
-        }
-        Ok(links)
+            Some(program)
+        })?;
+        attach::attach(mode, &probes, pid, path)
     }
 }

@@ -30,7 +30,7 @@ use crate::event::Event;
 use crate::ingest::Ingest;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
-use crate::probes::{ensure_tracefs, route_libbpf_logs, ProbeSettings};
+use crate::probes::{ensure_tracefs, route_libbpf_logs, HostUprobes, ProbeSettings, UprobeMode};
 use crate::session::SessionHub;
 use crate::stitch::StitchStats;
 use crate::units::{monotonic_now, nanos};
@@ -103,6 +103,10 @@ fn validated(args: &RunArgs) -> Result<(Config, Selector)> {
     if let Some(bytes) = args.capture_bytes {
         config.capture.bytes = bytes;
     }
+    if let Some(mode) = args.uprobe_mode {
+        config.discovery.uprobe_mode = mode;
+    }
+    config.discovery.allow_degraded |= args.allow_degraded;
     config.validate()?;
     let selector = selector(args)?;
     if let Some(pid) = selector.missing_pid(Path::new(PROC)) {
@@ -111,10 +115,28 @@ fn validated(args: &RunArgs) -> Result<(Config, Selector)> {
     Ok((config, selector))
 }
 
+/// The uprobe attach mode for this host and the configured setting,
+/// found by trying a uprobe_multi link before anything loads.
+fn uprobe_mode(config: &Config) -> Result<UprobeMode> {
+    let host = HostUprobes::probe();
+    let mode = host.choose(config.discovery.uprobe_mode)?;
+    if let Err(why) = &host.multi {
+        tracing::debug!("uprobe_multi links unavailable: {why}");
+    }
+    tracing::info!(
+        "uprobes: {mode} (uprobe_multi {}, CAP_SYS_ADMIN {}, tracefs writable {})",
+        if host.multi.is_ok() { "yes" } else { "no" },
+        if host.sys_admin { "yes" } else { "no" },
+        if host.tracefs_writable { "yes" } else { "no" },
+    );
+    Ok(mode)
+}
+
 /// Loads the probes; the events they record go to `events_tx`.
 fn start_ingest(
     config: &Config,
     selector: &Selector,
+    uprobe_mode: UprobeMode,
     events_tx: mpsc::Sender<Vec<Event>>,
 ) -> Result<Ingest> {
     Ingest::start(
@@ -126,6 +148,7 @@ fn start_ingest(
             min_interval_ns: nanos(config.explain.min_interval),
             report_all_execs: selector.exe.is_some() || selector.comm.is_some(),
             report_listens: selector.is_automatic() || !selector.ports.is_empty(),
+            uprobe_mode,
         },
         config.capture.poll_interval,
         events_tx,
@@ -134,11 +157,14 @@ fn start_ingest(
 
 /// Traces the processes running now and attaches their uprobes; returns
 /// once they are in place (a request sent after `ready` is seen whole, TLS
-/// included).
+/// included). A probe they need that could not be attached is an error,
+/// unless the run may be degraded: then the ready line names what is
+/// missing.
 fn attach_initial(
     tracker: &mut Tracker,
     probed: &mut Probed<'_>,
     endpoints: &[String],
+    allow_degraded: bool,
 ) -> Result<()> {
     let initial = tracker.initial_scan(Path::new(PROC))?;
     let mut changes = Vec::new();
@@ -148,6 +174,21 @@ fn attach_initial(
     }
     probed.send(changes);
     probed.ingest.wait_for_commands(ATTACH_TIMEOUT)?;
+    let missing: Vec<_> = probed
+        .ingest
+        .attach_failures
+        .take_new()
+        .into_iter()
+        .filter(|f| f.blocks_readiness())
+        .collect();
+    if !missing.is_empty() && !allow_degraded {
+        bail!(
+            "{} probe set(s) the traced processes need could not be attached (each is named \
+             above with its cause and fix); not ready. Fix the cause, or pass --allow-degraded \
+             to trace without them",
+            missing.len()
+        );
+    }
     if tracker.is_automatic() {
         eprintln!(
             "tokentrace: automatic mode: watching {} listening process(es) for requests to {}",
@@ -157,7 +198,21 @@ fn attach_initial(
     } else {
         eprintln!("tokentrace: tracing pid(s) {initial:?} and matching processes that start later");
     }
-    eprintln!("tokentrace: ready");
+    if missing.is_empty() {
+        eprintln!("tokentrace: ready");
+    } else {
+        let what: Vec<String> = missing
+            .iter()
+            .map(|f| {
+                let whom = f.pid.map_or("every process".into(), |p| format!("pid {p}"));
+                format!("{} in {} for {whom}", f.kind.title(), f.file)
+            })
+            .collect();
+        eprintln!(
+            "tokentrace: ready (degraded, --allow-degraded: not attached: {})",
+            what.join("; ")
+        );
+    }
     Ok(())
 }
 
@@ -176,7 +231,8 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         config.discovery.demote_after_requests,
     )
     .with_scope(outputs.scope.take());
-    let ingest = start_ingest(&config, &selector, events_tx)?;
+    let uprobe_mode = uprobe_mode(&config)?;
+    let ingest = start_ingest(&config, &selector, uprobe_mode, events_tx)?;
     let uprobe_scope = if args.uprobes_all_processes || config.discovery.uprobes_all_processes {
         UprobeScope::AllProcesses
     } else {
@@ -186,7 +242,8 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         ingest: &ingest,
         files: ProbedFiles::new(uprobe_scope),
     };
-    attach_initial(&mut tracker, &mut probed, &config.endpoints)?;
+    let allow_degraded = config.discovery.allow_degraded;
+    attach_initial(&mut tracker, &mut probed, &config.endpoints, allow_degraded)?;
     if let Some(ready) = hooks.ready.take() {
         let _ = ready.send(());
     }
@@ -211,6 +268,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         sessions: outputs.sessions,
         triggers: outputs.triggers,
         quiet: hooks.quiet,
+        allow_degraded,
     };
     let idle_ns = nanos(config.stitch.idle_timeout);
     let stop = event_loop(&mut stages, &mut events_rx, args.duration, idle_ns).await?;
@@ -304,6 +362,7 @@ fn finish(
     let losses = ingest.kernel_counters.read().unwrap_or_default();
     summary.kernel_drops = losses.records_lost();
     summary.untraced_forks = losses.traced_full;
+    summary.probe_attach_failures = ingest.attach_failures.counts().iter().flatten().sum();
     summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
     summary.channel_waits = ingest.stats.channel_waits.load(Ordering::Relaxed);
     summary.decode_errors = ingest.stats.decode_errors.load(Ordering::Relaxed);

@@ -58,6 +58,8 @@ pub(super) struct Stages<'a> {
     pub(super) triggers: Option<Triggers>,
     /// Timelines are not printed (`record` shows progress instead).
     pub(super) quiet: bool,
+    /// Probes that fail to attach after start leave readiness alone.
+    pub(super) allow_degraded: bool,
 }
 
 impl Stages<'_> {
@@ -139,6 +141,7 @@ impl Stages<'_> {
             parse_errors: stitch.parse_errors,
             truncated_writes: stitch.truncated_writes,
             open_connections: self.pipeline.open_connections() as u64,
+            probe_attach_failures: ingest.attach_failures.counts(),
         }
     }
 
@@ -156,6 +159,13 @@ impl Stages<'_> {
 
     /// The exporter's self-metrics and in-flight gauges, as of now.
     pub(super) fn refresh_gauges(&mut self) {
+        // A process found after start whose probes could not be attached
+        // is traced without them: not ready any more (the failure's line
+        // is in the log), unless the run may be degraded.
+        let failed = self.probed.ingest.attach_failures.take_new();
+        if !self.allow_degraded && failed.iter().any(|f| f.blocks_readiness()) {
+            self.exporter.set_unready();
+        }
         self.exporter.observe_agent(self.agent_counters());
         let open = self.pipeline.open_requests();
         self.exporter.observe_in_flight(&open);

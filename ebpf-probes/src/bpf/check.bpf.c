@@ -44,3 +44,12 @@ int check_uprobe(void *ctx)
 	__sync_fetch_and_add(&hits, 1);
 	return 0;
 }
+
+/* The same through a uprobe_multi link (kernel 6.6+), which needs no
+ * CAP_SYS_ADMIN where perf-event uprobes do (CVE-2025-38466 fix). */
+SEC("uprobe.multi")
+int check_uprobe_multi(void *ctx)
+{
+	__sync_fetch_and_add(&hits, 1);
+	return 0;
+}

@@ -46,6 +46,28 @@ static __always_inline bool is_traced(__u32 tgid)
 	return bpf_map_lookup_elem(&traced_tgids, &tgid) != NULL;
 }
 
+/* Kernels >= 6.13 run uprobe programs preemptible (migrate-disabled only),
+ * and programs with 64+ bytes of stack on a per-CPU private stack: two
+ * tasks preempting each other on one CPU would share it and any per-CPU
+ * staging slot (`scratch`). Programs that stage a record there, or whose
+ * stack is that deep, disable preemption first thing (weak kfuncs, 6.10+;
+ * older kernels run every program here non-preemptible, and the calls are
+ * dead code there). */
+extern void bpf_preempt_disable(void) __weak __ksym;
+extern void bpf_preempt_enable(void) __weak __ksym;
+
+static __always_inline void no_preempt_begin(void)
+{
+	if (bpf_ksym_exists(bpf_preempt_disable))
+		bpf_preempt_disable();
+}
+
+static __always_inline void no_preempt_end(void)
+{
+	if (bpf_ksym_exists(bpf_preempt_enable))
+		bpf_preempt_enable();
+}
+
 static __always_inline __u64 wakeup_flags(void)
 {
 	if (bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes)

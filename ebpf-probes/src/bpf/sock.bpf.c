@@ -513,11 +513,16 @@ int enter_sendfile(struct trace_event_raw_sys_enter *ctx)
 	return enter_io(ARG(0), 0, 0, TT_IO_SENDFILE, TT_DIR_EGRESS);
 }
 
+/* exit_io stages its record in the per-CPU scratch slot that ssl_exit
+ * uses too: neither may be preempted while it does (see no_preempt_begin). */
 #define EXIT_PROG(name, tp)                                        \
 	SEC("tracepoint/syscalls/" tp)                             \
 	int name(struct trace_event_raw_sys_exit *ctx)             \
 	{                                                          \
-		return exit_io(ctx->ret);                          \
+		no_preempt_begin();                                \
+		int rc = exit_io(ctx->ret);                        \
+		no_preempt_end();                                  \
+		return rc;                                         \
 	}
 
 EXIT_PROG(exit_read, "sys_exit_read")
@@ -820,9 +825,7 @@ static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last
 	return 0;
 }
 
-/* One return probe for every SSL call above. */
-SEC("uretprobe")
-int BPF_URETPROBE(ssl_exit, long ret)
+static __always_inline int ssl_return(long ret)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct ssl_call *cp = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
@@ -918,6 +921,18 @@ int BPF_URETPROBE(ssl_exit, long ret)
 	__u32 limit = capture_bytes < e->len ? capture_bytes : e->len;
 	__u32 captured = copy_flat(s->payload, c.buf, limit);
 	return submit_data(s, captured);
+}
+
+/* One return probe for every SSL call above. Not preemptible: it stages
+ * its record in the per-CPU scratch slot, and its stack is deeper than the
+ * private-stack threshold. */
+SEC("uretprobe")
+int BPF_URETPROBE(ssl_exit, long ret)
+{
+	no_preempt_begin();
+	int rc = ssl_return(ret);
+	no_preempt_end();
+	return rc;
 }
 
 /* The SSL* is gone: its connection is over (and the address may be
