@@ -539,3 +539,115 @@ fn root_daemonset_caps_missing_probes_are_an_error_not_ready() {
         "{title}: the refusal without CAP_PERFMON does not name it:\n{stderr}"
     );
 }
+
+/// Ids of the BPF programs `pid` holds open (`prog_id:` in its fdinfo).
+fn program_ids(pid: u32) -> BTreeSet<u64> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("prog_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect()
+}
+
+fn bpftool(args: &[&str]) -> String {
+    let out = Command::new("bpftool")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run bpftool (apt-get install bpftool): {e}"));
+    assert!(
+        out.status.success(),
+        "bpftool {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Kernels 6.13+ run uprobe programs preemptible, on a per-CPU private
+/// stack when they need 64 bytes or more: such a program must disable
+/// preemption, as must every program staging records in the per-CPU
+/// scratch slot (ssl_exit and the syscall exits). The stack depths come
+/// from the verifier (`tokentrace check --programs`, printed here); the
+/// guard is looked for in the instructions the kernel runs (`bpftool prog
+/// dump xlated` of the programs the capped agent holds).
+#[test]
+fn root_daemonset_caps_deep_or_scratch_programs_disable_preemption() {
+    let title = "uprobe programs under preemption";
+    require_root(title);
+    let out = Command::new(agent_bin())
+        .args(["check", "--programs"])
+        .output()
+        .expect("running tokentrace check --programs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let programs: Vec<&str> = text.lines().filter(|l| l.starts_with("program ")).collect();
+    eprintln!("[test] verifier stack depths:\n{}", programs.join("\n"));
+    assert!(
+        programs.len() > 40,
+        "{title}: too few program lines:\n{text}"
+    );
+    let mut must_guard: BTreeSet<String> = BTreeSet::new();
+    for line in &programs {
+        // program sock/ssl_exit (uretprobe): stack 192 bytes, …
+        let (name, rest) = line["program ".len()..]
+            .split_once(' ')
+            .unwrap_or_else(|| panic!("{title}: unparsable: {line}"));
+        let name = name.rsplit('/').next().unwrap_or(name).to_string();
+        let stack = rest
+            .split_once("stack ")
+            .and_then(|(_, s)| s.split_once(" bytes"))
+            .map(|(depths, _)| depths.to_string())
+            .unwrap_or_else(|| panic!("{title}: no stack depth from the verifier: {line}"));
+        assert!(
+            !stack.contains('?'),
+            "{title}: no stack depth from the verifier: {line}"
+        );
+        let uprobe = rest.starts_with("(uprobe") || rest.starts_with("(uretprobe");
+        let deep = stack
+            .split('+')
+            .any(|d| d.parse::<u32>().is_ok_and(|d| d >= 64));
+        if (uprobe && deep)
+            || name == "ssl_exit"
+            || name.starts_with("exit_") && !name.starts_with("exit_accept")
+        {
+            must_guard.insert(name);
+        }
+    }
+    assert!(must_guard.contains("ssl_exit"), "{title}: {must_guard:?}");
+
+    let tls = TlsDir::new("caps-preempt");
+    let server = start_server(
+        ServerKind::FastApi,
+        &["--ssl-keyfile", tls.key(), "--ssl-certfile", tls.cert()],
+    );
+    let mut agent = start_capped_agent(&Agent::for_pids(&[server.pid()]));
+    wait_probing(&mut agent, ": OpenSSL (");
+    let mut guarded = BTreeSet::new();
+    for id in program_ids(agent.proc.pid()) {
+        let id = id.to_string();
+        let show: Value = serde_json::from_str(&bpftool(&["prog", "show", "id", &id, "--json"]))
+            .expect("bpftool prints JSON");
+        let name = str_field(&show, "name").unwrap_or_default();
+        if !must_guard.contains(&name) {
+            continue;
+        }
+        let xlated = bpftool(&["prog", "dump", "xlated", "id", &id]);
+        let disables = xlated.contains("bpf_preempt_disable");
+        let enables = xlated.contains("bpf_preempt_enable");
+        assert!(
+            disables && enables,
+            "{title}: {name} (stack or scratch needs it) does not disable and re-enable preemption"
+        );
+        guarded.insert(name);
+    }
+    let _ = agent.stop();
+    assert_eq!(
+        guarded, must_guard,
+        "{title}: programs that must be guarded but were not found loaded in the agent"
+    );
+    eprintln!("[test] {title}: guarded {guarded:?}");
+}

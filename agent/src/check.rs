@@ -392,3 +392,42 @@ pub fn probed_file_lines(pid: u32) -> Vec<String> {
     }
     lines
 }
+
+/// One line per probe program: its object and section, the stack depth
+/// the verifier computed (per subprogram) and the instructions it
+/// processed; uprobe programs at or over the private-stack threshold are
+/// marked (they must disable preemption, see common.bpf.h).
+pub fn program_lines() -> Vec<String> {
+    let stats = match crate::probes::program_stats() {
+        Ok(stats) => stats,
+        Err(err) => return vec![format!("programs: cannot load them: {err:#}")],
+    };
+    stats
+        .iter()
+        .map(|p| {
+            let depths: Vec<String> = p.stack_depths.iter().map(u32::to_string).collect();
+            let private = if p.max_stack() >= crate::probes::PRIVATE_STACK_MIN_BYTES {
+                if p.is_uprobe() {
+                    " private stack on 6.13+, preemptible: must disable preemption"
+                } else {
+                    " private stack on 6.13+"
+                }
+            } else {
+                ""
+            };
+            format!(
+                "program {}/{} ({}): stack {} bytes, {} insns processed{private}",
+                p.object,
+                p.name,
+                p.section,
+                if depths.is_empty() {
+                    "?".to_string()
+                } else {
+                    depths.join("+")
+                },
+                p.instructions
+                    .map_or_else(|| "?".to_string(), |n| n.to_string()),
+            )
+        })
+        .collect()
+}

@@ -43,6 +43,11 @@ pub struct CheckArgs {
     /// Also report the TLS libraries this process uses (what `run` would probe).
     #[arg(long)]
     pub pid: Option<u32>,
+
+    /// Also load every probe program with the verifier's statistics on and
+    /// list each one's stack depth and instruction count.
+    #[arg(long)]
+    pub programs: bool,
 }
 
 #[derive(Debug, Clone, Args)]

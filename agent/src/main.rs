@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use tokentrace::check::{kernel_release, probed_file_lines, run_checks, Need};
+use tokentrace::check::{kernel_release, probed_file_lines, program_lines, run_checks, Need};
 use tokentrace::cli::{CheckArgs, Cli, Command};
 use tracing_subscriber::EnvFilter;
 
@@ -29,6 +29,11 @@ fn check(args: &CheckArgs) -> ExitCode {
     }
     if let Some(pid) = args.pid {
         for line in probed_file_lines(pid) {
+            println!("{line}");
+        }
+    }
+    if args.programs {
+        for line in program_lines() {
             println!("{line}");
         }
     }

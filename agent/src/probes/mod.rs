@@ -8,6 +8,7 @@ mod infer;
 mod set;
 mod sock;
 mod uprobe_mode;
+mod verifier;
 
 pub use failures::{AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};
 pub use host::{
@@ -22,6 +23,7 @@ pub use sock::{
 pub use uprobe_mode::{
     tokentrace_uprobe_check_target, try_uprobe, HostUprobes, UprobeMode, UprobeModeSetting,
 };
+pub use verifier::{program_stats, ProgramStats, PRIVATE_STACK_MIN_BYTES};
 
 /// Loads uprobe programs of an open object for `mode`: uprobe_multi links
 /// take only programs loaded with that attach type, perf-event and tracefs
