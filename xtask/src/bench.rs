@@ -31,6 +31,10 @@
 //! untraced and traced, against vLLM without it, and the plugin's CPU per
 //! token (needs `cargo xtask vllm-env`; installed on first use).
 //!
+//! The uprobe sections (CUDA, TLS, untraced CUDA, attach scale) run every
+//! uprobe attach mode side by side in each round (`--uprobe-mode
+//! uprobe_multi|perf_event|tracefs`), so their ratios compare in one run.
+//!
 //! `--only sse|cuda|tls|untraced|grpc|vllm` runs one section. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
@@ -411,11 +415,16 @@ struct CudaTraced {
 /// launch_loop`) is ready before the loop starts, finds it at exec, and the
 /// loop launches nothing until the agent logged its libcudart.so.12
 /// uprobes as attached.
-fn cuda_traced_round(agent_bin: &Path, loop_bin: &Path, opts: &Options) -> Result<CudaTraced> {
+fn cuda_traced_round(
+    agent_bin: &Path,
+    loop_bin: &Path,
+    opts: &Options,
+    mode: &str,
+) -> Result<CudaTraced> {
     let mut agent = TracingAgent::spawn(
         agent_bin,
         Some("info"),
-        &["--exe", "launch_loop"],
+        &["--exe", "launch_loop", "--uprobe-mode", mode],
         Duration::from_secs(60),
     )?;
 
@@ -463,45 +472,52 @@ fn cuda(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
     let loop_bin = util::root().join("target/native/launch_loop");
     // Warm-up: page cache, CPU frequency.
     finish_loop_now(&loop_bin, opts)?;
-    let (mut base, mut traced) = (Vec::new(), Vec::new());
+    let modes = tls::UPROBE_MODES;
+    let mut base = Vec::new();
+    let mut traced: Vec<Vec<CudaTraced>> = modes.iter().map(|_| Vec::new()).collect();
     for round in 0..opts.rounds {
         let b = finish_loop_now(&loop_bin, opts)?;
-        let t = cuda_traced_round(agent_bin, &loop_bin, opts)?;
-        let line = format!(
-            "cuda round {round}: without agent {:.0} launches/s ({:.0} in {:.2} s), with agent {:.0} launches/s ({:.0} in {:.2} s, {:.0} syncs): ratio {:.4}; agent CPU {:.1}%; {}\n",
-            b.rate,
-            b.launches,
-            b.seconds,
-            t.run.rate,
-            t.run.launches,
-            t.run.seconds,
-            t.run.syncs,
-            t.run.rate / b.rate,
-            t.cpu_percent,
-            t.events
-        );
-        eprint!("{line}");
-        report.push_str(&line);
+        for (i, mode) in modes.iter().enumerate() {
+            let t = cuda_traced_round(agent_bin, &loop_bin, opts, mode)?;
+            let line = format!(
+                "cuda round {round} ({mode} uprobes): without agent {:.0} launches/s ({:.0} in {:.2} s), with agent {:.0} launches/s ({:.0} in {:.2} s, {:.0} syncs): ratio {:.4}; agent CPU {:.1}%; {}\n",
+                b.rate,
+                b.launches,
+                b.seconds,
+                t.run.rate,
+                t.run.launches,
+                t.run.seconds,
+                t.run.syncs,
+                t.run.rate / b.rate,
+                t.cpu_percent,
+                t.events
+            );
+            eprint!("{line}");
+            report.push_str(&line);
+            traced[i].push(t);
+        }
         base.push(b.rate);
-        traced.push(t);
     }
-    let mut rates: Vec<f64> = traced.iter().map(|t| t.run.rate).collect();
-    let mut cpu: Vec<f64> = traced.iter().map(|t| t.cpu_percent).collect();
-    let (b, t) = (median(&mut base), median(&mut rates));
-    let result = format!(
-        "traced cost (CUDA probes, launch_loop: zero-length kernels on the stand-in libcudart.so.12, a sync per 1000 launches, {} s runs, {} rounds): median {:.0} launches/s without agent, {:.0} with: ratio {:.4}; each probed cudaLaunchKernel costs {:.2} us more ({:.3} us -> {:.3} us); agent CPU median {:.1}% of one core\n",
-        opts.launch_seconds,
-        opts.rounds,
-        b,
-        t,
-        t / b,
-        1e6 / t - 1e6 / b,
-        1e6 / b,
-        1e6 / t,
-        median(&mut cpu)
-    );
-    print!("{result}");
-    report.push_str(&result);
+    let b = median(&mut base);
+    for (i, mode) in modes.iter().enumerate() {
+        let mut rates: Vec<f64> = traced[i].iter().map(|t| t.run.rate).collect();
+        let mut cpu: Vec<f64> = traced[i].iter().map(|t| t.cpu_percent).collect();
+        let t = median(&mut rates);
+        let result = format!(
+            "traced cost ({mode} uprobes; CUDA probes, launch_loop: zero-length kernels on the stand-in libcudart.so.12, a sync per 1000 launches, {} s runs, {} rounds): median {:.0} launches/s without agent, {:.0} with: ratio {:.4}; each probed cudaLaunchKernel costs {:.2} us more ({:.3} us -> {:.3} us); agent CPU median {:.1}% of one core\n",
+            opts.launch_seconds,
+            opts.rounds,
+            b,
+            t,
+            t / b,
+            1e6 / t - 1e6 / b,
+            1e6 / b,
+            1e6 / t,
+            median(&mut cpu)
+        );
+        print!("{result}");
+        report.push_str(&result);
+    }
     Ok(())
 }
 

@@ -72,11 +72,12 @@ fn path_str(p: &Path) -> Result<&str> {
         .with_context(|| format!("non-UTF-8 path {}", p.display()))
 }
 
-/// The agent tracing `pid`, once it is ready and its OpenSSL probes are
+/// The agent tracing `pid` with its uprobes attached in `mode`
+/// (`--uprobe-mode`), once it is ready and its OpenSSL probes are
 /// attached (it logs "probing …: OpenSSL (N probes)" at info level).
-fn start_agent(agent_bin: &Path, pid: u32) -> Result<TracingAgent> {
+fn start_agent(agent_bin: &Path, pid: u32, mode: &str) -> Result<TracingAgent> {
     let limit = Duration::from_secs(60);
-    let selector = ["--pid", &pid.to_string()];
+    let selector = ["--pid", &pid.to_string(), "--uprobe-mode", mode];
     let mut agent = TracingAgent::spawn(agent_bin, Some("info"), &selector, limit)?;
     agent
         .wait_for(&["probing ", "OpenSSL ("], limit)
@@ -165,6 +166,9 @@ fn other_agents() -> Vec<String> {
 }
 
 /// µs one unit costs more at `slow` units/s than at `fast`.
+/// Every uprobe attach mode, measured side by side in each round.
+pub(super) const UPROBE_MODES: [&str; 3] = ["uprobe_multi", "perf_event", "tracefs"];
+
 fn extra_us(fast: f64, slow: f64) -> f64 {
     1e6 / slow - 1e6 / fast
 }
@@ -211,7 +215,9 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
     )?;
     let server_pid = server.0.id();
     flood_client(port, opts.connections, 1.0, true)?; // warm-up
-    let (mut base, mut with, mut cpu) = (Vec::new(), Vec::new(), Vec::new());
+    let mut base = Vec::new();
+    let mut with: Vec<Vec<f64>> = vec![Vec::new(); UPROBE_MODES.len()];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); UPROBE_MODES.len()];
     let mut rss = 0;
     let mut round = 0;
     while base.len() < opts.rounds as usize && round < max_attempts {
@@ -220,41 +226,53 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
             continue;
         }
         let b = flood_client(port, opts.connections, opts.seconds, true)?;
-        let agent = start_agent(agent_bin, server_pid)?;
-        let ticks_before = cpu_ticks(agent.pid)?;
-        let t = flood_client(port, opts.connections, opts.seconds, true)?;
-        let ticks = cpu_ticks(agent.pid)? - ticks_before;
-        std::thread::sleep(Duration::from_millis(300));
-        rss = rss.max(peak_rss_kib(agent.pid)?);
-        let summary = stop_agent(agent)?;
-        let cpu_percent = ticks as f64 / 100.0 / opts.seconds * 100.0; // USER_HZ 100
-        say(format!(
-            "TLS round {round}: without agent {b:.0} events/s, with agent {t:.0} events/s (ratio {:.3}, +{:.2} µs/event); agent CPU {cpu_percent:.1}%; {summary}\n",
-            t / b,
-            extra_us(b, t)
-        ));
+        let mut traced = Vec::new();
+        for mode in UPROBE_MODES {
+            let agent = start_agent(agent_bin, server_pid, mode)?;
+            let ticks_before = cpu_ticks(agent.pid)?;
+            let t = flood_client(port, opts.connections, opts.seconds, true)?;
+            let ticks = cpu_ticks(agent.pid)? - ticks_before;
+            std::thread::sleep(Duration::from_millis(300));
+            rss = rss.max(peak_rss_kib(agent.pid)?);
+            let summary = stop_agent(agent)?;
+            let cpu_percent = ticks as f64 / 100.0 / opts.seconds * 100.0; // USER_HZ 100
+            say(format!(
+                "TLS round {round}: without agent {b:.0} events/s, with agent ({mode} uprobes) {t:.0} events/s (ratio {:.3}, +{:.2} µs/event); agent CPU {cpu_percent:.1}%; {summary}\n",
+                t / b,
+                extra_us(b, t)
+            ));
+            traced.push((t, cpu_percent));
+        }
         if busy(&format!("end of TLS round {round}"), &mut say) {
             continue;
         }
         base.push(b);
-        with.push(t);
-        cpu.push(cpu_percent);
+        for (i, (t, c)) in traced.into_iter().enumerate() {
+            with[i].push(t);
+            cpu[i].push(c);
+        }
     }
-    let (b, t) = (med(&mut base), med(&mut with));
-    let flood = format!(
-        "traced cost: TLS SSE flood (HTTPS, {} connection(s), {} s rounds, {} clean rounds): median {b:.0} events/s without agent, {t:.0} with: ratio {:.3} ({:.1}% slower), +{:.2} µs per event \
-         (per event: the server's traced SSL_write_ex, a uprobe + uretprobe on OpenSSL's write helper; the untraced client's SSL_read_ex has no breakpoint); agent CPU median {:.1}% of one core; agent peak RSS {rss} KiB\n",
-        opts.connections,
-        opts.seconds,
-        base.len(),
-        t / b,
-        (1.0 - t / b) * 100.0,
-        extra_us(b, t),
-        med(&mut cpu),
-    );
+    let b = med(&mut base);
+    let mut flood = String::new();
+    for (i, mode) in UPROBE_MODES.iter().enumerate() {
+        let t = med(&mut with[i]);
+        flood.push_str(&format!(
+            "traced cost ({mode} uprobes): TLS SSE flood (HTTPS, {} connection(s), {} s rounds, {} clean rounds): median {b:.0} events/s without agent, {t:.0} with: ratio {:.3} ({:.1}% slower), +{:.2} µs per event \
+             (per event: the server's traced SSL_write_ex, a uprobe + uretprobe on OpenSSL's write helper; the untraced client's SSL_read_ex has no breakpoint); agent CPU median {:.1}% of one core; agent peak RSS {rss} KiB (all modes)\n",
+            opts.connections,
+            opts.seconds,
+            base.len(),
+            t / b,
+            (1.0 - t / b) * 100.0,
+            extra_us(b, t),
+            med(&mut cpu[i]),
+        ));
+    }
 
     // ---- 2. OpenSSL calls alone
-    let (mut none, mut untraced, mut traced) = (Vec::new(), Vec::new(), Vec::new());
+    let mut none = Vec::new();
+    let mut untraced: Vec<Vec<f64>> = vec![Vec::new(); UPROBE_MODES.len()];
+    let mut traced: Vec<Vec<f64>> = vec![Vec::new(); UPROBE_MODES.len()];
     let mut round = 0;
     while none.len() < opts.rounds as usize && round < max_attempts {
         round += 1;
@@ -262,38 +280,48 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
             continue;
         }
         let n = SslLoop::spawn(&cert, &key, opts.seconds)?.go()?;
-        // the agent probes libssl for the flood server; the loop is not traced
-        let agent = start_agent(agent_bin, server_pid)?;
-        let u = SslLoop::spawn(&cert, &key, opts.seconds)?.go()?;
-        stop_agent(agent)?;
-        let lp = SslLoop::spawn(&cert, &key, opts.seconds)?;
-        let agent = start_agent(agent_bin, lp.pid)?;
-        let tr = lp.go()?;
-        let summary = stop_agent(agent)?;
-        say(format!(
-            "ssl-loop round {round}: {n:.0} SSL calls/s without agent; {u:.0} untraced ({:+.2} µs/call); {tr:.0} traced ({:+.2} µs/call); {summary}\n",
-            extra_us(n, u),
-            extra_us(n, tr)
-        ));
+        let mut per_mode = Vec::new();
+        for mode in UPROBE_MODES {
+            // the agent probes libssl for the flood server; the loop is not traced
+            let agent = start_agent(agent_bin, server_pid, mode)?;
+            let u = SslLoop::spawn(&cert, &key, opts.seconds)?.go()?;
+            stop_agent(agent)?;
+            let lp = SslLoop::spawn(&cert, &key, opts.seconds)?;
+            let agent = start_agent(agent_bin, lp.pid, mode)?;
+            let tr = lp.go()?;
+            let summary = stop_agent(agent)?;
+            say(format!(
+                "ssl-loop round {round} ({mode} uprobes): {n:.0} SSL calls/s without agent; {u:.0} untraced ({:+.2} µs/call); {tr:.0} traced ({:+.2} µs/call); {summary}\n",
+                extra_us(n, u),
+                extra_us(n, tr)
+            ));
+            per_mode.push((u, tr));
+        }
         if busy(&format!("end of ssl-loop round {round}"), &mut say) {
             continue;
         }
         none.push(n);
-        untraced.push(u);
-        traced.push(tr);
+        for (i, (u, tr)) in per_mode.into_iter().enumerate() {
+            untraced[i].push(u);
+            traced[i].push(tr);
+        }
     }
-    let (n, u, tr) = (med(&mut none), med(&mut untraced), med(&mut traced));
-    let calls = format!(
-        "OpenSSL calls alone (ssl-loop: one thread, memory BIOs, {} s rounds, {} clean rounds): median {n:.0} SSL calls/s without agent ({:.2} µs/call); \
-         untraced tax (this process not traced, the agent tracing another process on the same libssl): {u:.0} (ratio {:.3}, +{:.2} µs per SSL call); traced: {tr:.0} (ratio {:.3}, +{:.2} µs per SSL call)\n",
-        opts.seconds,
-        none.len(),
-        1e6 / n,
-        u / n,
-        extra_us(n, u),
-        tr / n,
-        extra_us(n, tr),
-    );
+    let n = med(&mut none);
+    let mut calls = String::new();
+    for (i, mode) in UPROBE_MODES.iter().enumerate() {
+        let (u, tr) = (med(&mut untraced[i]), med(&mut traced[i]));
+        calls.push_str(&format!(
+            "OpenSSL calls alone ({mode} uprobes; ssl-loop: one thread, memory BIOs, {} s rounds, {} clean rounds): median {n:.0} SSL calls/s without agent ({:.2} µs/call); \
+             untraced tax (this process not traced, the agent tracing another process on the same libssl): {u:.0} (ratio {:.3}, +{:.2} µs per SSL call); traced: {tr:.0} (ratio {:.3}, +{:.2} µs per SSL call)\n",
+            opts.seconds,
+            none.len(),
+            1e6 / n,
+            u / n,
+            extra_us(n, u),
+            tr / n,
+            extra_us(n, tr),
+        ));
+    }
     drop(server);
     let warning = if excluded > 0 || base.is_empty() || none.is_empty() {
         format!(

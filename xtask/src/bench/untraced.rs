@@ -16,6 +16,9 @@
 //!   attached), the attach batch as the agent logs it, the agent's RSS and
 //!   the host's slab growth (approximate: other activity moves it too).
 //!
+//! The CUDA tax and the attach scale are measured in each uprobe attach
+//! mode (uprobe_multi, perf_event, tracefs) side by side.
+//!
 //! The TLS untraced tax (an untraced process using the traced server's
 //! libssl) is measured in the TLS section.
 
@@ -99,32 +102,43 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     crate::native::build()?;
     let loop_bin = util::root().join("target/native/launch_loop");
     finish_loop_now(&loop_bin, opts)?; // warm-up
-    let (mut base, mut with) = (Vec::new(), Vec::new());
+    let modes = super::tls::UPROBE_MODES;
+    let mut base = Vec::new();
+    let mut with: Vec<Vec<f64>> = vec![Vec::new(); modes.len()];
     for round in 0..opts.rounds {
         let b = finish_loop_now(&loop_bin, opts)?.rate;
-        // The traced loop holds at its gate: it maps libcudart and has its
-        // probes, but launches nothing.
-        let (traced, _out) = start_loop(&loop_bin, opts)?;
-        let agent = start_agent(
-            agent_bin,
-            &["--pid", &traced.0.id().to_string()],
-            Some("libcudart.so.12: CUDA"),
-        )?;
-        let w = finish_loop_now(&loop_bin, opts)?.rate;
-        agent.stop()?;
-        drop(traced);
-        eprintln!("untraced launch_loop round {round}: {b:.0} launches/s without agent, {w:.0} with: ratio {:.4}", w / b);
+        for (i, mode) in modes.iter().enumerate() {
+            // The traced loop holds at its gate: it maps libcudart and has
+            // its probes, but launches nothing.
+            let (traced, _out) = start_loop(&loop_bin, opts)?;
+            let agent = start_agent(
+                agent_bin,
+                &["--pid", &traced.0.id().to_string(), "--uprobe-mode", mode],
+                Some("libcudart.so.12: CUDA"),
+            )?;
+            let w = finish_loop_now(&loop_bin, opts)?.rate;
+            agent.stop()?;
+            drop(traced);
+            eprintln!("untraced launch_loop round {round} ({mode} uprobes): {b:.0} launches/s without agent, {w:.0} with: ratio {:.4}", w / b);
+            with[i].push(w);
+        }
         base.push(b);
-        with.push(w);
     }
-    let (b, w) = (median(&mut base), median(&mut with));
-    let cuda = format!(
-        "untraced tax (CUDA: launch_loop untraced while the agent traces another launch_loop on the same stand-in libcudart.so.12, {} s runs, {} rounds): median {b:.0} launches/s without agent, {w:.0} with: ratio {:.4}\n",
-        opts.launch_seconds,
-        opts.rounds,
-        w / b,
-    );
-    let scale = attach_scale(agent_bin, 100)?;
+    let b = median(&mut base);
+    let mut cuda = String::new();
+    for (i, mode) in modes.iter().enumerate() {
+        let w = median(&mut with[i]);
+        cuda.push_str(&format!(
+            "untraced tax ({mode} uprobes; CUDA: launch_loop untraced while the agent traces another launch_loop on the same stand-in libcudart.so.12, {} s runs, {} rounds): median {b:.0} launches/s without agent, {w:.0} with: ratio {:.4}\n",
+            opts.launch_seconds,
+            opts.rounds,
+            w / b,
+        ));
+    }
+    let mut scale = String::new();
+    for mode in modes {
+        scale.push_str(&attach_scale(agent_bin, 100, mode)?);
+    }
     print!("{syscalls}{cuda}{scale}");
     report.push_str(&syscalls);
     report.push_str(&cuda);
@@ -142,7 +156,7 @@ fn kib(file: &str, key: &str) -> Result<u64> {
         .with_context(|| format!("no {key} in {file}"))
 }
 
-fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
+fn attach_scale(agent_bin: &Path, processes: usize, mode: &str) -> Result<String> {
     const MARKER: &str = "tokentrace-bench-attach-scale";
     // The interpreter itself, not a launcher script (pyenv's shim would be
     // picked by the pattern too).
@@ -170,7 +184,7 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
     }
     let slab_before = kib("/proc/meminfo", "Slab")?;
     let started = std::time::Instant::now();
-    let agent = start_agent(agent_bin, &["--exe", MARKER], None)?;
+    let agent = start_agent(agent_bin, &["--exe", MARKER, "--uprobe-mode", mode], None)?;
     let ready = started.elapsed();
     std::thread::sleep(Duration::from_millis(500));
     let rss = kib(&format!("/proc/{}/status", agent.pid), "VmRSS")?;
@@ -184,7 +198,7 @@ fn attach_scale(agent_bin: &Path, processes: usize) -> Result<String> {
     agent.stop()?;
     drop(idle);
     Ok(format!(
-        "attach scale ({processes} idle Python processes with libssl, --exe): ready after {:.0} ms; {batch}; agent RSS {rss} KiB; host slab {:+} KiB\n",
+        "attach scale ({mode} uprobes; {processes} idle Python processes with libssl, --exe): ready after {:.0} ms; {batch}; agent RSS {rss} KiB; host slab {:+} KiB\n",
         ready.as_secs_f64() * 1e3,
         slab_after as i64 - slab_before as i64,
     ))
