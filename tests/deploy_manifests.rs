@@ -661,6 +661,38 @@ fn privileged_fallbacks_validate_and_agree() {
     assert_same_objects("privileged", &kustomize, &helm);
 }
 
+/// `tracefsWritable=true` (tracefs uprobes on kernels before 6.6 without
+/// CAP_SYS_ADMIN) changes one thing: the tracefs mount is writable. The
+/// capabilities stay the DaemonSet's four.
+#[test]
+fn helm_tracefs_writable_only_makes_the_tracefs_mount_writable() {
+    let name = "helm-tracefs-writable";
+    let yaml = helm_template(
+        "tokentrace",
+        "tokentrace",
+        &["--set", "tracefsWritable=true"],
+    );
+    validate_schemas(name, &yaml);
+    let docs = documents(&yaml);
+    assert_agent_accepts(name, &docs);
+    let defaults = documents(&helm_template("tokentrace", "tokentrace", &[]));
+    let pod = |docs: &[Value]| find(docs, "DaemonSet")["spec"]["template"]["spec"].clone();
+    let (mut writable, default) = (pod(&docs), pod(&defaults));
+    let mounts = writable["containers"][0]["volumeMounts"]
+        .as_array_mut()
+        .expect("mounts");
+    let tracefs = mounts
+        .iter_mut()
+        .find(|m| m["name"] == json!("tracefs"))
+        .expect("a tracefs mount");
+    assert_eq!(tracefs["readOnly"], json!(false), "{name}: tracefs mount");
+    tracefs["readOnly"] = json!(true);
+    assert_eq!(
+        writable, default,
+        "{name}: anything but the tracefs mount changed"
+    );
+}
+
 #[test]
 fn dockerfile_passes_hadolint_and_checkov() {
     checked(
