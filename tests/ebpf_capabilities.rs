@@ -540,21 +540,6 @@ fn root_daemonset_caps_missing_probes_are_an_error_not_ready() {
     );
 }
 
-/// Ids of the BPF programs `pid` holds open (`prog_id:` in its fdinfo).
-fn program_ids(pid: u32) -> BTreeSet<u64> {
-    let dir = format!("/proc/{pid}/fdinfo");
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
-    entries
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
-                .and_then(|id| id.trim().parse().ok())
-        })
-        .collect()
-}
-
 fn bpftool(args: &[&str]) -> String {
     let out = Command::new("bpftool")
         .args(args)

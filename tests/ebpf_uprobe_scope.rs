@@ -48,21 +48,6 @@ impl Drop for BpfStats {
     }
 }
 
-/// Ids of the BPF programs `pid` holds open (`prog_id:` in fdinfo).
-fn program_ids(pid: u32) -> Vec<u64> {
-    let dir = format!("/proc/{pid}/fdinfo");
-    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
-    entries
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
-                .and_then(|id| id.trim().parse().ok())
-        })
-        .collect()
-}
-
 /// Total run count of the agent's OpenSSL programs (`ssl_*`), from
 /// `bpftool prog show --json`, counting only programs `agent_pid` holds.
 fn ssl_program_runs(agent_pid: u32) -> u64 {

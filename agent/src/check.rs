@@ -8,11 +8,11 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use libbpf_rs::skel::{OpenSkel, SkelBuilder};
-use libbpf_rs::{MapCore, MapFlags, OpenObject};
+use libbpf_rs::OpenObject;
 use tokentrace_probes::check::CheckSkelBuilder;
 
 use crate::probes::{
-    ensure_tracefs, has_capability, try_uprobe, HostUprobes, TracefsState, UprobeMode,
+    check_hits, ensure_tracefs, has_capability, try_uprobe, HostUprobes, TracefsState, UprobeMode,
     UprobeModeSetting, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN,
 };
 
@@ -80,21 +80,12 @@ fn try_probe(probe: Probe) -> Result<Option<u64>> {
     open.progs.check_uprobe.set_autoload(false);
     open.progs.check_uprobe_multi.set_autoload(false);
     let skel = open.load().context("load")?;
-    let read_hits = || -> Result<u64> {
-        let bss = skel
-            .maps
-            .bss
-            .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?
-            .context("empty .bss")?;
-        let bytes: [u8; 8] = bss.get(..8).context("short .bss")?.try_into()?;
-        Ok(u64::from_ne_bytes(bytes))
-    };
     match probe {
         Probe::Tracepoint => {
             let _link = skel.progs.check_tracepoint.attach().context("attach")?;
             // SAFETY: getppid has no preconditions.
             unsafe { libc::getppid() };
-            Ok(Some(read_hits()?))
+            Ok(Some(check_hits(&skel)?))
         }
         Probe::TpBtf => skel
             .progs

@@ -43,6 +43,21 @@ pub fn require_root(test: &str) {
     );
 }
 
+/// Ids of the BPF programs `pid` holds open (`prog_id:` in its fdinfo).
+pub fn program_ids(pid: u32) -> std::collections::BTreeSet<u64> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
+    entries
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("prog_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect()
+}
+
 /// CLOCK_MONOTONIC in ns, the clock of bpf_ktime_get_ns and of Python's
 /// time.monotonic_ns().
 pub fn mono_now_ns() -> u64 {
@@ -362,25 +377,26 @@ pub fn start_agent_with_env(args: &[String], env: &[(&str, &str)]) -> Agent {
 /// [`start_agent_with_env`] run through `wrapper` (e.g. `setpriv … --`,
 /// to hold only the capabilities a DaemonSet grants).
 pub fn start_agent_under(wrapper: &[String], args: &[String], env: &[(&str, &str)]) -> Agent {
-    let bin = agent_bin();
+    let mut command = wrapper.to_vec();
+    command.push(agent_bin().display().to_string());
+    start_agent_command(&command, args, env)
+}
+
+/// `command run <args> --output json` (`command`: the agent's binary and
+/// what runs it, e.g. `podman run … IMAGE`), waited for as
+/// [`start_agent`] does.
+pub fn start_agent_command(command: &[String], args: &[String], env: &[(&str, &str)]) -> Agent {
     let mut full: Vec<String> = vec!["run".into()];
     full.extend(args.iter().cloned());
     full.extend(["--output".to_string(), "json".to_string()]);
-    eprintln!(
-        "[test] {} {} {}",
-        wrapper.join(" "),
-        bin.display(),
-        full.join(" ")
-    );
+    eprintln!("[test] {} {}", command.join(" "), full.join(" "));
     let t0 = Instant::now();
-    let mut cmd = match wrapper.split_first() {
-        Some((program, rest)) => {
-            let mut cmd = Command::new(program);
-            cmd.args(rest).arg(&bin);
-            cmd
-        }
-        None => Command::new(&bin),
-    };
+    let (program, before) = command
+        .split_first()
+        .expect("a command to run the agent with");
+    let mut cmd = Command::new(program);
+    cmd.args(before);
+    let bin = program;
     // the CLI reads TOKENTRACE_* overrides: only the log level may leak in
     for (k, _) in std::env::vars_os() {
         let key = k.to_string_lossy();
@@ -389,8 +405,8 @@ pub fn start_agent_under(wrapper: &[String], args: &[String], env: &[(&str, &str
         }
     }
     cmd.envs(env.iter().copied()).args(&full);
-    let mut child = spawn_piped(&mut cmd, Stdio::null())
-        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+    let mut child =
+        spawn_piped(&mut cmd, Stdio::null()).unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
 
     // stderr: keep every line, signal readiness
     let stderr = LogTail::default();

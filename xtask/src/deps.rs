@@ -88,21 +88,27 @@ fn installed(pkg: &str) -> bool {
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
 }
 
-pub fn install(scope: Scope) -> Result<()> {
-    let missing = missing_apt(scope);
-    if !missing.is_empty() {
-        if !util::is_root() {
-            bail!(
-                "missing packages {missing:?}: run as root or `sudo apt-get install {}`",
-                missing.join(" ")
-            );
-        }
-        eprintln!("xtask: installing {}", missing.join(" "));
-        util::status("apt-get", &["update", "-qq"])?;
-        let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
-        args.extend(&missing);
-        util::status("apt-get", &args).context("apt-get install")?;
+/// Installs those of `packages` (Debian's) that are missing.
+pub fn ensure_apt(packages: &[&str]) -> Result<()> {
+    let missing: Vec<&str> = packages.iter().copied().filter(|p| !installed(p)).collect();
+    if missing.is_empty() {
+        return Ok(());
     }
+    if !util::is_root() {
+        bail!(
+            "missing packages {missing:?}: run as root or `sudo apt-get install {}`",
+            missing.join(" ")
+        );
+    }
+    eprintln!("xtask: installing {}", missing.join(" "));
+    util::status("apt-get", &["update", "-qq"])?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(&missing);
+    util::status("apt-get", &args).context("apt-get install")
+}
+
+pub fn install(scope: Scope) -> Result<()> {
+    ensure_apt(&missing_apt(scope))?;
     if scope == Scope::All
         && !succeeds(
             "python3",

@@ -8,6 +8,8 @@
 //! - `test`    deps and native, then the whole test suite (unit + root eBPF
 //!   integration); `--stress` runs it while `stress-ng --cpu 1` keeps one
 //!   core busy
+//! - `image`   the agent's container image from deploy/Dockerfile (podman,
+//!   base images made locally): `localhost/tokentrace:<version>`
 //! - `bench`   overhead of the agent on a ≥20k writes/s streaming server;
 //!   `bench replay`: userspace cost per event on generated records
 //! - `fuzz`    the property-based fuzz targets for `--minutes N` (default 1)
@@ -27,6 +29,7 @@ mod demo;
 mod deps;
 mod fuzz;
 mod gpu_check;
+mod image;
 mod native;
 mod soak;
 mod stress;
@@ -51,6 +54,10 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
             native::build_and_check()?;
             // Real vLLM for tests/ebpf_vllm.rs (installed once per machine).
             vllm::for_tests()?;
+            // The agent's image from deploy/Dockerfile, as users build it,
+            // and the server image, for tests/container_daemonset.rs.
+            image::build()?;
+            image::ensure_test_images()?;
             util::ensure_tracefs()?;
             // Build first, unloaded: the hog is for the tests, not rustc.
             util::cargo(&["test", "--workspace", "--no-run"])?;
@@ -65,6 +72,7 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
             args.extend(rest.iter().map(String::as_str));
             util::cargo(&args)
         }
+        "image" => image::build().map(|_| ()),
         "bench" => bench::run(rest),
         "fuzz" => fuzz::run(rest),
         "soak" => soak::run(rest),
@@ -73,7 +81,7 @@ fn run(task: &str, rest: &[String]) -> Result<()> {
         "vllm-env" => vllm::ensure_env().map(|venv| eprintln!("xtask: vLLM venv {}", venv.display())),
         "vllm-plugin" => vllm::plugin(rest),
         other => bail!(
-            "unknown task {other:?}; tasks: deps, demo, native, test, bench, fuzz, soak, gpu-check, vmlinux, vllm-env, vllm-plugin"
+            "unknown task {other:?}; tasks: deps, demo, native, test, image, bench, fuzz, soak, gpu-check, vmlinux, vllm-env, vllm-plugin"
         ),
     }
 }

@@ -54,6 +54,7 @@ pub(crate) fn site_probes<'a, 'obj>(
 }
 
 /// What [`attach`] placed, and what it could not (function, error).
+#[derive(Default)]
 pub(crate) struct Attached {
     pub links: Vec<Link>,
     /// Functions whose probes are in place (entry or return).
@@ -74,11 +75,7 @@ pub(crate) fn attach(
     let pid = pid
         .map_or(Ok(-1), i32::try_from)
         .context("pid out of range")?;
-    let mut done = Attached {
-        links: Vec::new(),
-        functions: Vec::new(),
-        failed: Vec::new(),
-    };
+    let mut done = Attached::default();
     match mode {
         UprobeMode::Multi => {
             for group in multi_groups(probes) {

@@ -100,11 +100,7 @@ impl InferProbes {
         let pid = pid
             .map_or(Ok(-1), i32::try_from)
             .context("pid out of range")?;
-        let mut done = Attached {
-            links: Vec::new(),
-            functions: Vec::new(),
-            failed: Vec::new(),
-        };
+        let mut done = Attached::default();
         for (name, cookie) in LLM_PROBES {
             if !probes.iter().any(|p| p == name) {
                 continue;

@@ -21,7 +21,8 @@ pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
 };
 pub use uprobe_mode::{
-    tokentrace_uprobe_check_target, try_uprobe, HostUprobes, UprobeMode, UprobeModeSetting,
+    check_hits, tokentrace_uprobe_check_target, try_uprobe, HostUprobes, UprobeMode,
+    UprobeModeSetting,
 };
 pub use verifier::{program_stats, ProgramStats, PRIVATE_STACK_MIN_BYTES};
 

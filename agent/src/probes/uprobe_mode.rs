@@ -229,17 +229,22 @@ pub fn try_uprobe(mode: UprobeMode) -> Result<u64> {
 }
 
 fn hits(skel: &CheckSkel<'_>) -> Result<u64> {
+    let hits = check_hits(skel)?;
+    if hits == 0 {
+        bail!("attached but never fired");
+    }
+    Ok(hits)
+}
+
+/// How many times the check object's programs ran (its `.bss` counter).
+pub fn check_hits(skel: &CheckSkel<'_>) -> Result<u64> {
     let bss = skel
         .maps
         .bss
         .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)?
         .context("empty .bss")?;
     let bytes: [u8; 8] = bss.get(..8).context("short .bss")?.try_into()?;
-    let hits = u64::from_ne_bytes(bytes);
-    if hits == 0 {
-        bail!("attached but never fired");
-    }
-    Ok(hits)
+    Ok(u64::from_ne_bytes(bytes))
 }
 
 #[cfg(test)]
