@@ -17,9 +17,12 @@
 //!   /proc/PID/root);
 //! - a process firing `llm:*` USDT probes inside another container.
 //!
-//! Not checked here yet: TTFT against a loopback capture, and
-//! `container.id` on the span resource (the agent sets it only inside a
-//! cluster today).
+//! and checks exact chunk counts, the host server's request start and TTFT
+//! against a loopback capture, `container.id` on the spans of the HTTPS
+//! container's process (OTLP to a real collector, rotel), `/readyz` after
+//! `ready`. The agent's container runs on the host's network (to reach the
+//! collector and be asked /readyz from the host); its other settings are
+//! the manifest's. HTTPS timing against the wire is ebpf_tls's.
 //!
 //! Needs podman, runc and mmdebstrap (apt) and the images `cargo xtask
 //! image` builds; `cargo xtask test` provides them. Run as root:
@@ -36,7 +39,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use common::tls::TlsDir;
-use common::*;
+use common::{otel, wire, *};
 
 /// The image `cargo xtask image` builds, and the test-server image it
 /// makes beside it (Debian bookworm with python3, whose `_ssl` links the
@@ -419,7 +422,11 @@ fn daemonset_scenario(title: &str, overlay: &str) {
     // 3. USDT inside a container
     let usdt = UsdtDriver::start(200);
 
-    // The agent, as the kubelet would run it.
+    // The agent, as the kubelet would run it, but on the host's network:
+    // its spans go to a collector on the host's loopback (in a cluster,
+    // over the pod network), and /readyz is asked from the host.
+    let collector = otel::Collector::start(free_port(), free_port());
+    let metrics_port = free_port();
     let agent_name = unique("tt-agent");
     let mut command = podman_args();
     command.extend(
@@ -430,20 +437,37 @@ fn daemonset_scenario(title: &str, overlay: &str) {
             "--name",
             &agent_name,
             "--network",
-            "none",
+            "host",
         ]
         .map(String::from),
     );
     command.extend(ULIMITS.map(String::from));
     command.extend(options);
+    command.extend([
+        "-e".to_string(),
+        format!(
+            "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:{}",
+            collector.grpc_port
+        ),
+        "-e".to_string(),
+        "OTEL_EXPORTER_OTLP_PROTOCOL=grpc".to_string(),
+    ]);
     command.push(image.clone());
     let _agent_container = Container(agent_name.clone());
-    // The manifest's args after `run`, then the processes to trace.
+    // The manifest's args after `run` (its metrics address on a free
+    // port), then the processes to trace.
     let mut args: Vec<String> = manifest_args
         .into_iter()
         .skip_while(|a| a == "run")
+        .filter(|a| a != "--output=json")
+        .map(|a| {
+            if a.starts_with("--metrics-addr=") {
+                format!("--metrics-addr=127.0.0.1:{metrics_port}")
+            } else {
+                a
+            }
+        })
         .collect();
-    args.retain(|a| a != "--output=json");
     for pid in [host_server.pid(), https_pid, usdt.pid] {
         args.extend(["--pid".into(), pid.to_string()]);
     }
@@ -461,19 +485,22 @@ fn daemonset_scenario(title: &str, overlay: &str) {
         "{title}: probes not attached: {missing:?}\n{}",
         agent.proc.stderr.tail(30)
     );
-    let libssl_line = agent
-        .proc
-        .stderr
-        .lines()
-        .into_iter()
-        .find(|l| l.contains(": OpenSSL (") && l.contains(&format!("pid {https_pid}")))
-        .unwrap_or_default();
     assert!(
-        !libssl_line.is_empty(),
+        agent
+            .proc
+            .stderr
+            .lines()
+            .iter()
+            .any(|l| l.contains(": OpenSSL (") && l.contains(&format!("pid {https_pid}"))),
         "{title}: no OpenSSL probes for the container's pid {https_pid}"
     );
+    let readyz = http_status(metrics_port, "/readyz");
+    assert_eq!(readyz, 200, "{title}: /readyz after `ready`");
 
-    let plain = run_client(host_server.port, &ClientRun::sse(8, 2, "plain-"));
+    let capture = wire::Capture::start(host_server.port);
+    // One request per connection: the capture's first payload packet of a
+    // connection is its request.
+    let plain = run_client(host_server.port, &ClientRun::sse(8, 8, "plain-"));
     let mut secure = ClientRun::sse(8, 2, "tls-");
     secure.tls = true;
     let https = run_client(https_port, &secure);
@@ -481,7 +508,8 @@ fn daemonset_scenario(title: &str, overlay: &str) {
     let all: Vec<&ClientRecord> = plain.iter().chain(https.iter()).collect();
     let paths: BTreeSet<String> = all.iter().map(|c| c.path.clone()).collect();
     let missing = agent.wait_for_paths(&paths, Duration::from_secs(20));
-    std::thread::sleep(Duration::from_millis(300));
+    let packets = capture.finish();
+    let https_spans = wait_for_spans(&collector, https_pid, https.len());
     let stop = agent.stop();
     let mut report = Report::new();
     check_agent_exit(&agent, stop, &mut report);
@@ -489,39 +517,93 @@ fn daemonset_scenario(title: &str, overlay: &str) {
         .failures
         .extend(missing.iter().map(|p| format!("not reported: {p}")));
     let values = agent.values();
+    let mut start = Dist::new("request_start_ns - wire arrival (ms)");
+    let mut ttft = Dist::new("agent TTFT - wire TTFT (ms)");
     for c in &all {
         let seen: Vec<&Value> = values
             .iter()
             .filter(|v| str_field(v, "path").as_deref() == Some(c.path.as_str()))
             .collect();
-        match seen[..] {
-            [one] => {
-                if one.get("chunks").and_then(Value::as_u64) != Some(c.chunks) {
-                    report.failures.push(format!(
-                        "{}: agent chunks {:?}, client {}",
-                        c.path,
-                        one.get("chunks"),
-                        c.chunks
-                    ));
-                }
-                let want_pid = if c.tls { https_pid } else { host_server.pid() };
-                if one.get("pid").and_then(Value::as_u64) != Some(u64::from(want_pid)) {
-                    report.failures.push(format!(
-                        "{}: pid {:?}, expected {want_pid}",
-                        c.path,
-                        one.get("pid")
-                    ));
-                }
-                if one.get("tls").and_then(Value::as_bool) != Some(c.tls) {
-                    report
-                        .failures
-                        .push(format!("{}: tls {:?}", c.path, one.get("tls")));
-                }
-            }
-            _ => report
+        let [one] = seen[..] else {
+            report
                 .failures
-                .push(format!("{}: reported {} times", c.path, seen.len())),
+                .push(format!("{}: reported {} times", c.path, seen.len()));
+            continue;
+        };
+        if one.get("chunks").and_then(Value::as_u64) != Some(c.chunks) {
+            report.failures.push(format!(
+                "{}: agent chunks {:?}, client {}",
+                c.path,
+                one.get("chunks"),
+                c.chunks
+            ));
         }
+        let want_pid = if c.tls { https_pid } else { host_server.pid() };
+        if one.get("pid").and_then(Value::as_u64) != Some(u64::from(want_pid)) {
+            report.failures.push(format!(
+                "{}: pid {:?}, expected {want_pid}",
+                c.path,
+                one.get("pid")
+            ));
+        }
+        if one.get("tls").and_then(Value::as_bool) != Some(c.tls) {
+            report
+                .failures
+                .push(format!("{}: tls {:?}", c.path, one.get("tls")));
+        }
+        if !c.tls {
+            wire_compare(
+                c,
+                one,
+                &packets,
+                host_server.port,
+                &mut start,
+                &mut ttft,
+                &mut report,
+            );
+        }
+    }
+    for d in [&start, &ttft] {
+        eprintln!("[test] {title}: {}", d.summary());
+    }
+    // Load on the host moves neither side: the kernel's stamps against the
+    // device's (ebpf_wire's bound).
+    let worst = |d: &Dist| d.max().abs().max(d.min().abs());
+    if start.xs.len() != plain.len() || ttft.xs.len() != plain.len() {
+        report.failures.push(format!(
+            "wire: {} of {} plaintext requests compared",
+            ttft.xs.len(),
+            plain.len()
+        ));
+    } else if worst(&ttft) >= WIRE_BOUND_MS || worst(&start) >= WIRE_BOUND_MS {
+        report.failures.push(format!(
+            "against the wire, beyond {WIRE_BOUND_MS} ms: {}; {}",
+            start.summary(),
+            ttft.summary()
+        ));
+    }
+    let container_id = container_full_id(&https_name);
+    let ids: BTreeSet<Option<&str>> = https_spans
+        .iter()
+        .map(|s| s.resource_attr("container.id"))
+        .collect();
+    if https_spans.len() < https.len() || ids != BTreeSet::from([Some(container_id.as_str())]) {
+        report.failures.push(format!(
+            "spans of the HTTPS container's process: {} (want >= {}), container.id {ids:?}, want {container_id}",
+            https_spans.len(),
+            https.len()
+        ));
+    }
+    let host_ids: BTreeSet<Option<String>> = collector
+        .spans()
+        .iter()
+        .filter(|s| s.resource_attr("process.pid") == Some(host_server.pid().to_string().as_str()))
+        .map(|s| s.resource_attr("container.id").map(str::to_string))
+        .collect();
+    if host_ids.iter().any(Option::is_some) {
+        report.failures.push(format!(
+            "the host server's spans carry a container.id: {host_ids:?}"
+        ));
     }
     let inference = inference_summary(&agent);
     if counts["usdt_tokens"].as_u64() != Some(200)
@@ -532,11 +614,103 @@ fn daemonset_scenario(title: &str, overlay: &str) {
             .push(format!("USDT: driver {counts}, agent {inference}"));
     }
     eprintln!(
-        "[test] {title}: {} requests, USDT {counts} / {inference}",
-        all.len()
+        "[test] {title}: {} requests, {} HTTPS spans with container.id {container_id}, USDT {counts} / {inference}",
+        all.len(),
+        https_spans.len()
     );
     let _ = std::fs::remove_dir_all(&scratch);
     report.assert_ok(title);
+}
+
+/// Bound on |agent − wire| for request start and TTFT (ebpf_wire's p99
+/// bound, here on every request).
+const WIRE_BOUND_MS: f64 = 0.5;
+
+/// Adds one plaintext request's request start and TTFT against the
+/// loopback capture.
+fn wire_compare(
+    c: &ClientRecord,
+    agent: &Value,
+    packets: &[wire::Packet],
+    server_port: u16,
+    start: &mut Dist,
+    ttft: &mut Dist,
+    report: &mut Report,
+) {
+    let client_port = c
+        .client_addr
+        .as_deref()
+        .and_then(|a| a.rsplit_once(':'))
+        .and_then(|(_, p)| p.parse::<u16>().ok());
+    let Some(client_port) = client_port else {
+        report
+            .failures
+            .push(format!("{}: the client gave no address", c.path));
+        return;
+    };
+    let (Some(w_req), Some(w_ev)) = wire::wire_times(packets, server_port, client_port) else {
+        report
+            .failures
+            .push(format!("{}: not in the capture", c.path));
+        return;
+    };
+    let (Some(rs), Some(at)) = (
+        agent.get("request_start_ns").and_then(Value::as_u64),
+        agent.get("ttft_ms").and_then(Value::as_f64),
+    ) else {
+        report
+            .failures
+            .push(format!("{}: no request_start_ns/ttft_ms: {agent}", c.path));
+        return;
+    };
+    let ms = |a: u64, b: u64| (a as f64 - b as f64) / 1e6;
+    start.push(ms(rs, w_req));
+    ttft.push(at - ms(w_ev, w_req));
+}
+
+/// The full id of container `name`.
+fn container_full_id(name: &str) -> String {
+    let out = podman()
+        .args(["inspect", "--format", "{{.Id}}", name])
+        .output()
+        .expect("podman inspect");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Waits (20 s) until the collector holds at least `want` spans of `pid`'s
+/// resource; returns them.
+fn wait_for_spans(collector: &otel::Collector, pid: u32, want: usize) -> Vec<otel::RecvSpan> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let spans: Vec<otel::RecvSpan> = collector
+            .spans()
+            .into_iter()
+            .filter(|s| s.resource_attr("process.pid") == Some(pid.to_string().as_str()))
+            .collect();
+        if spans.len() >= want || std::time::Instant::now() >= deadline {
+            return spans;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The status of `GET path` on 127.0.0.1:`port`.
+fn http_status(port: u16, path: &str) -> u16 {
+    use std::io::Read;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))
+        .unwrap_or_else(|e| panic!("connecting to the agent's metrics port {port}: {e}"));
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .expect("request");
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
 }
 
 #[test]
@@ -553,4 +727,74 @@ fn root_container_privileged_variant_as_the_kubelet_runs_it() {
         "the image under the privileged variant",
         "deploy/kubernetes/privileged",
     );
+}
+
+/// `tokentrace check` in the image with the DaemonSet's settings: with
+/// containerd's RuntimeDefault rules for `bpf`/`perf_event_open` every
+/// required line is ok and the uprobes attach as uprobe_multi links; with
+/// podman 4.3's own default profile (those calls only for CAP_SYS_ADMIN)
+/// nothing loads, which is why the profile above is containerd's.
+#[test]
+fn root_container_check_under_runtime_default_and_podman_default_seccomp() {
+    let title = "tokentrace check in the image";
+    require_root(title);
+    let image = agent_image();
+    require_image(&image);
+    let scratch = std::env::temp_dir().join(unique("tt-check"));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let docs = rendered("deploy/kubernetes/base");
+    let (options, _) = kubelet_options(&docs, &scratch);
+    let check = |options: &[String]| -> (bool, String) {
+        let out = podman()
+            .args(["run", "--rm", "--network", "none"])
+            .args(ULIMITS)
+            .args(options)
+            .arg(&image)
+            .arg("check")
+            .output()
+            .expect("podman run … check");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        eprintln!("[test] {title}:\n{text}");
+        (out.status.success(), text)
+    };
+    let (ok, text) = check(&options);
+    assert!(
+        ok && text.contains("tracing can work on this host"),
+        "{title}: RuntimeDefault:\n{text}"
+    );
+    for line in [
+        "uprobe_multi   ok",
+        "OpenSSL/CUDA   ok",
+        "USDT           ok",
+    ] {
+        assert!(
+            text.contains(line),
+            "{title}: no {line:?} under the DaemonSet's settings:\n{text}"
+        );
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("uprobe perf") && l.contains("missing")),
+        "{title}: perf-event uprobes should need CAP_SYS_ADMIN here:\n{text}"
+    );
+    // The same settings but podman's default seccomp profile.
+    let mut podman_default = Vec::new();
+    let mut it = options.iter();
+    while let Some(o) = it.next() {
+        if o == "--security-opt" {
+            let value = it.next().expect("a value");
+            if !value.starts_with("seccomp=") {
+                podman_default.extend([o.clone(), value.clone()]);
+            }
+        } else {
+            podman_default.push(o.clone());
+        }
+    }
+    let (ok, text) = check(&podman_default);
+    assert!(
+        !ok && text.contains("tracing cannot work on this host"),
+        "{title}: podman's default seccomp profile unexpectedly allows bpf(2) without CAP_SYS_ADMIN:\n{text}"
+    );
+    let _ = std::fs::remove_dir_all(&scratch);
 }

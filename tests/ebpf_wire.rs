@@ -21,7 +21,7 @@ use std::sync::mpsc::Receiver;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::wire::{Capture, Packet};
+use common::wire::{wire_times, Capture};
 use common::*;
 use serde_json::Value;
 
@@ -64,21 +64,6 @@ impl WireServer {
         );
         out
     }
-}
-
-/// When, on the wire, a connection's request arrived and its first SSE
-/// event left: the first client→server payload packet, and the first
-/// server→client packet carrying `data: `.
-fn wire_times(packets: &[Packet], server: u16, client: u16) -> (Option<u64>, Option<u64>) {
-    let request = packets
-        .iter()
-        .find(|p| p.src == client && p.dst == server)
-        .map(|p| p.ts);
-    let event = packets
-        .iter()
-        .find(|p| p.src == server && p.dst == client && p.data_event)
-        .map(|p| p.ts);
-    (request, event)
 }
 
 fn run_wire_client(port: u16, args: &[&str]) -> Vec<Value> {

@@ -83,3 +83,18 @@ impl Capture {
         packets
     }
 }
+
+/// When, on the wire, a connection's request arrived and its first SSE
+/// event left: the first client→server payload packet, and the first
+/// server→client packet carrying `data: `.
+pub fn wire_times(packets: &[Packet], server: u16, client: u16) -> (Option<u64>, Option<u64>) {
+    let request = packets
+        .iter()
+        .find(|p| p.src == client && p.dst == server)
+        .map(|p| p.ts);
+    let event = packets
+        .iter()
+        .find(|p| p.src == server && p.dst == client && p.data_event)
+        .map(|p| p.ts);
+    (request, event)
+}

@@ -98,7 +98,8 @@ pub struct ProcessInfo {
     /// `OTEL_SERVICE_NAME` from the process's environment, when set.
     pub env_service_name: Option<String>,
     /// `container.id`, `k8s.*` and a default `service.name` from
-    /// `k8s::Metadata::attributes_for_pid` (empty outside a cluster).
+    /// `k8s::Metadata::attributes_for_pid`; outside a cluster only
+    /// `container.id`, for a process in a container.
     pub kubernetes: Vec<(String, String)>,
 }
 
@@ -273,9 +274,10 @@ impl ResourceCache {
                 self.by_pid.clear();
             }
             let mut info = ProcessInfo::read(&self.proc_root, pid, comm);
-            if let Some(k8s) = &self.kubernetes {
-                info.kubernetes = k8s.attributes_for_pid(pid);
-            }
+            info.kubernetes = match &self.kubernetes {
+                Some(k8s) => k8s.attributes_for_pid(pid),
+                None => container_of(&self.proc_root, pid),
+            };
             let has_pod = info.kubernetes.iter().any(|(k, _)| k == "k8s.pod.uid");
             let entry = Entry {
                 comm: comm.to_string(),
@@ -289,6 +291,15 @@ impl ResourceCache {
         }
         &self.by_pid[&pid].process
     }
+}
+
+/// Outside a cluster a process in a container (Docker, podman, a bare
+/// containerd) is still named by its container's id, from its cgroup.
+fn container_of(proc_root: &Path, pid: u32) -> Vec<(String, String)> {
+    crate::k8s::cgroup::read(proc_root, pid)
+        .and_then(|ids| ids.container_id)
+        .map(|id| vec![("container.id".to_string(), id)])
+        .unwrap_or_default()
 }
 
 /// An entry of a `key=value,...` list that does not parse; it names the
@@ -492,6 +503,31 @@ mod tests {
             self.pid = pid;
             self
         }
+    }
+
+    #[test]
+    fn outside_a_cluster_a_containers_process_carries_its_container_id() {
+        let dir =
+            std::env::temp_dir().join(format!("tokentrace-podman-res-{}", std::process::id()));
+        let id = "12f7b361cb783a201bb63543718fb0485e265491013a28468208e01774cc404d";
+        for (pid, cgroup) in [
+            // podman with the cgroupfs manager on a hybrid host
+            (60, format!("9:name=systemd:/libpod_parent/libpod-{id}\n8:pids:/libpod_parent/libpod-{id}\n")),
+            // a process on the host
+            (61, "0::/user.slice/user-0.slice/session-1.scope\n".to_string()),
+        ] {
+            std::fs::create_dir_all(dir.join(pid.to_string())).expect("tmp dir");
+            std::fs::write(dir.join(format!("{pid}/cgroup")), cgroup).expect("write");
+        }
+        let mut cache = ResourceCache::new(ResourceRules::default(), dir.clone());
+        let container = Arc::clone(&cache.get(60, "python3").resource);
+        assert_eq!(
+            attr(&container, "container.id"),
+            Some(&any_value::Value::StringValue(id.into()))
+        );
+        let host = Arc::clone(&cache.get(61, "python3").resource);
+        assert_eq!(attr(&host, "container.id"), None);
+        std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 
     #[test]
