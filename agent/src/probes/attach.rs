@@ -9,7 +9,7 @@ use std::ptr::NonNull;
 use anyhow::{Context, Result};
 use libbpf_rs::{AsRawLibbpf, Link, ProgramMut, UprobeMultiOpts, UprobeOpts};
 
-use super::UprobeMode;
+use super::uprobe_mode::UprobeMode;
 use crate::discover::libraries::Site;
 
 /// One probe to place: `program` at `offset`, on entry or on return.

@@ -5,7 +5,7 @@
 
 use std::sync::Mutex;
 
-use super::UprobeMode;
+use super::uprobe_mode::UprobeMode;
 
 /// Which probe set a failure belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

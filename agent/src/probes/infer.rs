@@ -15,7 +15,7 @@ use tokentrace_probes::infer::{InferSkel, InferSkelBuilder};
 
 use super::attach::{self, Attached};
 use super::sock::SockProbes;
-use super::UprobeMode;
+use super::uprobe_mode::UprobeMode;
 use crate::discover::libraries::Site;
 
 /// The `llm` provider's probe names with the cookie the program reads to
@@ -55,7 +55,7 @@ impl InferProbes {
         let mut open = InferSkelBuilder::default()
             .open(storage)
             .context("opening the inference BPF object")?;
-        super::prepare_uprobes(open.open_object_mut(), uprobe_mode);
+        super::uprobe_mode::prepare_uprobes(open.open_object_mut(), uprobe_mode);
         let (events, traced) = sock.shared_maps();
         open.maps
             .events

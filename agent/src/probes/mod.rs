@@ -26,21 +26,6 @@ pub use uprobe_mode::{
 };
 pub use verifier::{program_stats, ProgramStats, PRIVATE_STACK_MIN_BYTES};
 
-/// Loads uprobe programs of an open object for `mode`: uprobe_multi links
-/// take only programs loaded with that attach type, perf-event and tracefs
-/// uprobes only programs loaded without it.
-fn prepare_uprobes(object: &mut libbpf_rs::OpenObject, mode: UprobeMode) {
-    if mode != UprobeMode::Multi {
-        return;
-    }
-    for mut program in object.progs_mut() {
-        let section = program.section().to_string_lossy();
-        if section == "uprobe" || section == "uretprobe" {
-            program.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
-        }
-    }
-}
-
 /// Detaches `links` concurrently. Closing a tracepoint or uprobe perf event
 /// waits for RCU grace periods in the kernel; one after the other, the
 /// socket probes' 35 links took 2.4 s to detach at exit. The kernel

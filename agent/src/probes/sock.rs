@@ -10,7 +10,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBuffer
 use tokentrace_probes::sock::{types, SockSkel, SockSkelBuilder};
 
 use super::attach::{self, Attached};
-use super::UprobeMode;
+use super::uprobe_mode::UprobeMode;
 use crate::discover::libraries::Site;
 
 /// Largest payload prefix the kernel side can copy (`MAX_CAPTURE` in events.h).
@@ -59,7 +59,7 @@ impl SockProbes {
             .open(storage)
             .context("opening the socket BPF object")?;
 
-        super::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
+        super::uprobe_mode::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
         let rodata = open
             .maps
             .rodata_data

@@ -82,6 +82,21 @@ pub enum UprobeModeSetting {
     Tracefs,
 }
 
+/// Loads uprobe programs of an open object for `mode`: uprobe_multi links
+/// take only programs loaded with that attach type, perf-event and tracefs
+/// uprobes only programs loaded without it.
+pub(super) fn prepare_uprobes(object: &mut libbpf_rs::OpenObject, mode: UprobeMode) {
+    if mode != UprobeMode::Multi {
+        return;
+    }
+    for mut program in object.progs_mut() {
+        let section = program.section().to_string_lossy();
+        if section == "uprobe" || section == "uretprobe" {
+            program.set_attach_type(libbpf_rs::ProgramAttachType::TraceUprobeMulti);
+        }
+    }
+}
+
 /// What this host allows, found by trying.
 #[derive(Debug, Clone)]
 pub struct HostUprobes {

@@ -158,14 +158,14 @@ fn start_ingest(
 /// Traces the processes running now and attaches their uprobes; returns
 /// once they are in place (a request sent after `ready` is seen whole, TLS
 /// included). A probe they need that could not be attached is an error,
-/// unless the run may be degraded: then the ready line names what is
-/// missing.
+/// unless the run may be degraded: then the ready line it returns names
+/// what is missing.
 fn attach_initial(
     tracker: &mut Tracker,
     probed: &mut Probed<'_>,
     endpoints: &[String],
     allow_degraded: bool,
-) -> Result<()> {
+) -> Result<String> {
     let initial = tracker.initial_scan(Path::new(PROC))?;
     let mut changes = Vec::new();
     for &pid in &initial {
@@ -199,21 +199,19 @@ fn attach_initial(
         eprintln!("tokentrace: tracing pid(s) {initial:?} and matching processes that start later");
     }
     if missing.is_empty() {
-        eprintln!("tokentrace: ready");
-    } else {
-        let what: Vec<String> = missing
-            .iter()
-            .map(|f| {
-                let whom = f.pid.map_or("every process".into(), |p| format!("pid {p}"));
-                format!("{} in {} for {whom}", f.kind.title(), f.file)
-            })
-            .collect();
-        eprintln!(
-            "tokentrace: ready (degraded, --allow-degraded: not attached: {})",
-            what.join("; ")
-        );
+        return Ok("tokentrace: ready".to_string());
     }
-    Ok(())
+    let what: Vec<String> = missing
+        .iter()
+        .map(|f| {
+            let whom = f.pid.map_or("every process".into(), |p| format!("pid {p}"));
+            format!("{} in {} for {whom}", f.kind.title(), f.file)
+        })
+        .collect();
+    Ok(format!(
+        "tokentrace: ready (degraded, --allow-degraded: not attached: {})",
+        what.join("; ")
+    ))
 }
 
 pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> {
@@ -243,11 +241,13 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         files: ProbedFiles::new(uprobe_scope),
     };
     let allow_degraded = config.discovery.allow_degraded;
-    attach_initial(&mut tracker, &mut probed, &config.endpoints, allow_degraded)?;
+    let ready_line = attach_initial(&mut tracker, &mut probed, &config.endpoints, allow_degraded)?;
+    // /readyz first: whoever reads the ready line may ask it at once.
+    outputs.exporter.set_ready();
+    eprintln!("{ready_line}");
     if let Some(ready) = hooks.ready.take() {
         let _ = ready.send(());
     }
-    outputs.exporter.set_ready();
 
     let mut stages = Stages {
         pipeline: Pipeline::new(
