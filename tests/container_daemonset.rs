@@ -364,18 +364,6 @@ impl UsdtDriver {
     }
 }
 
-/// The inference part of the agent's closing summary.
-fn inference_summary(agent: &Agent) -> Value {
-    agent
-        .proc
-        .stderr
-        .lines()
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find_map(|v| v.pointer("/tokentrace_summary/inference").cloned())
-        .unwrap_or_else(|| panic!("no summary from the agent:\n{}", agent.proc.stderr.tail(30)))
-}
-
 fn daemonset_scenario(title: &str, overlay: &str) {
     require_root(title);
     let image = agent_image();
@@ -605,7 +593,7 @@ fn daemonset_scenario(title: &str, overlay: &str) {
             "the host server's spans carry a container.id: {host_ids:?}"
         ));
     }
-    let inference = inference_summary(&agent);
+    let inference = agent.inference_summary();
     if counts["usdt_tokens"].as_u64() != Some(200)
         || inference.get("usdt_events").and_then(Value::as_u64) != Some(200)
     {

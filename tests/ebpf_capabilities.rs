@@ -336,23 +336,6 @@ impl Driver {
     }
 }
 
-/// The `inference` part of the summary the agent prints at exit.
-fn inference_summary(agent: &Agent) -> Value {
-    agent
-        .proc
-        .stderr
-        .lines()
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .find_map(|v| v.pointer("/tokentrace_summary/inference").cloned())
-        .unwrap_or_else(|| {
-            panic!(
-                "no tokentrace_summary JSON line on the agent's stderr:\n{}",
-                agent.proc.stderr.tail(20)
-            )
-        })
-}
-
 /// Runs the driver on `cudart` (and the USDT library) traced by a capped
 /// agent; every launch, sync and token probe must have been seen.
 fn cuda_and_usdt_exact(title: &str, cudart: &Path, usdt: bool) {
@@ -388,7 +371,7 @@ fn cuda_and_usdt_exact(title: &str, cudart: &Path, usdt: bool) {
     let mut exit = Report::new();
     check_agent_exit(&agent, stop, &mut exit);
     exit.assert_ok(title);
-    let inference = inference_summary(&agent);
+    let inference = agent.inference_summary();
     let seen = |k: &str| inference.get(k).and_then(Value::as_u64);
     assert_eq!(counts["launches"].as_u64(), Some(ITERATIONS), "{counts}");
     assert_eq!(

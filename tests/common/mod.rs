@@ -417,11 +417,14 @@ pub fn start_agent_command(command: &[String], args: &[String], env: &[(&str, &s
             let mut sent = false;
             for line in BufReader::new(err).lines() {
                 let Ok(l) = line else { break };
-                if !sent && l.contains("tokentrace: ready") {
+                // Kept before it is signalled: whoever is told `ready`
+                // finds the line (and every one before it) in the tail.
+                let is_ready = !sent && l.contains("tokentrace: ready");
+                t.push(l);
+                if is_ready {
                     let _ = ready_tx.send(());
                     sent = true;
                 }
-                t.push(l);
             }
         });
     }
@@ -490,6 +493,23 @@ pub fn start_agent_command(command: &[String], args: &[String], env: &[(&str, &s
 }
 
 impl Agent {
+    /// The `inference` part of the summary the agent printed at exit (its
+    /// `{"tokentrace_summary": …}` line on stderr).
+    pub fn inference_summary(&self) -> Value {
+        self.proc
+            .stderr
+            .lines()
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find_map(|v| v.pointer("/tokentrace_summary/inference").cloned())
+            .unwrap_or_else(|| {
+                panic!(
+                    "no tokentrace_summary JSON line on the agent's stderr:\n{}",
+                    self.proc.stderr.tail(30)
+                )
+            })
+    }
+
     /// Standard arguments: trace the server's pid, stop by itself after 5
     /// minutes at the latest (the tests stop it with SIGINT much earlier).
     pub fn for_pids(pids: &[u32]) -> Vec<String> {
