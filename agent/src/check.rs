@@ -234,10 +234,15 @@ fn uprobe_lines() -> Vec<CheckLine> {
             "needs tracefs mounted writable (uprobe_events) and CAP_PERFMON",
         ),
     ];
+    let trials: Vec<(UprobeMode, Result<u64>)> = modes
+        .iter()
+        .map(|&(_, mode, _)| (mode, try_uprobe(mode)))
+        .collect();
     let mut lines: Vec<CheckLine> = modes
-        .into_iter()
-        .map(|(name, mode, fix)| {
-            let (ok, detail) = match try_uprobe(mode) {
+        .iter()
+        .zip(&trials)
+        .map(|(&(name, _, fix), (_, trial))| {
+            let (ok, detail) = match trial {
                 Ok(hits) => (true, format!("attached and fired ({hits} hit)")),
                 Err(err) => (false, format!("{err:#}")),
             };
@@ -250,15 +255,9 @@ fn uprobe_lines() -> Vec<CheckLine> {
             }
         })
         .collect();
-    let works = |mode: UprobeMode| {
-        let name = match mode {
-            UprobeMode::Multi => "uprobe_multi",
-            UprobeMode::PerfEvent => "uprobe perf",
-            UprobeMode::Tracefs => "uprobe tracefs",
-        };
-        lines.iter().any(|l| l.name == name && l.ok)
-    };
-    let host = HostUprobes::probe();
+    let works = |mode: UprobeMode| trials.iter().any(|(m, t)| *m == mode && t.is_ok());
+    // modes[0] is uprobe_multi: its trial decides what auto and USDT get.
+    let host = HostUprobes::with_multi_trial(&trials[0].1);
     let chosen = host.choose(UprobeModeSetting::Auto).ok();
     let chosen_works = chosen.is_some_and(works);
     let usdt_mode = if host.multi.is_ok() {

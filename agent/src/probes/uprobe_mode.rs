@@ -110,8 +110,14 @@ pub struct HostUprobes {
 impl HostUprobes {
     /// Tries a uprobe_multi link and looks at the capabilities and tracefs.
     pub fn probe() -> Self {
+        Self::with_multi_trial(&try_uprobe(UprobeMode::Multi))
+    }
+
+    /// The same, given a uprobe_multi trial ([`try_uprobe`]) already made.
+    pub fn with_multi_trial(multi: &Result<u64>) -> Self {
         HostUprobes {
-            multi: try_uprobe(UprobeMode::Multi)
+            multi: multi
+                .as_ref()
                 .map(|_hits| ())
                 .map_err(|err| format!("{err:#}")),
             sys_admin: has_capability(CAP_SYS_ADMIN),
