@@ -57,7 +57,7 @@ pub(crate) fn site_probes<'a, 'obj>(
 #[derive(Default)]
 pub(crate) struct Attached {
     pub links: Vec<Link>,
-    /// Functions whose probes are in place (entry or return).
+    /// Functions whose probes are in place (once per entry or return probe).
     pub functions: Vec<&'static str>,
     pub failed: Vec<(&'static str, anyhow::Error)>,
 }
@@ -96,8 +96,8 @@ pub(crate) fn attach(
                     }
                     Err(err) => {
                         for &i in &group {
-                            let err = anyhow::Error::new(err.clone_kind())
-                                .context(describe(&probes[i]).to_string());
+                            let err =
+                                anyhow::Error::new(same_errno(&err)).context(describe(&probes[i]));
                             done.failed.push((probes[i].function, err));
                         }
                     }
@@ -124,13 +124,12 @@ pub(crate) fn attach(
                     }
                     Err(err) => done.failed.push((
                         probe.function,
-                        anyhow::Error::new(err).context(describe(probe).to_string()),
+                        anyhow::Error::new(err).context(describe(probe)),
                     )),
                 }
             }
         }
     }
-    done.functions.dedup();
     Ok(done)
 }
 
@@ -200,15 +199,6 @@ pub(crate) fn attach_legacy(
 
 /// libbpf-rs errors are not Clone; a group failure is reported for each of
 /// its functions, so it is rebuilt from its errno.
-trait CloneKind {
-    fn clone_kind(&self) -> libbpf_rs::Error;
-}
-
-impl CloneKind for libbpf_rs::Error {
-    fn clone_kind(&self) -> libbpf_rs::Error {
-        match super::failures::errno_of(self) {
-            Some(errno) => libbpf_rs::Error::from_raw_os_error(errno),
-            None => libbpf_rs::Error::from_raw_os_error(libc::EINVAL),
-        }
-    }
+fn same_errno(err: &libbpf_rs::Error) -> libbpf_rs::Error {
+    libbpf_rs::Error::from_raw_os_error(super::failures::errno_of(err).unwrap_or(libc::EINVAL))
 }
