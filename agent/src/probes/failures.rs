@@ -174,9 +174,7 @@ impl AttachFailure {
 
     /// The one line printed for it.
     pub fn line(&self) -> String {
-        let whom = self
-            .pid
-            .map_or_else(|| "every process".to_string(), |p| format!("pid {p}"));
+        let whom = whom(self.pid);
         let errno = match self.errno {
             Some(errno) => format!("{} ({errno})", errno_name(errno)),
             None => "no errno".into(),
@@ -192,6 +190,11 @@ impl AttachFailure {
             self.error
         )
     }
+}
+
+/// Whom probes attached with `pid` serve: a pid, or every process.
+pub fn whom(pid: Option<u32>) -> String {
+    pid.map_or_else(|| "every process".to_string(), |p| format!("pid {p}"))
 }
 
 /// The errno behind a libbpf-rs error: its kind is too coarse (EACCES and
@@ -255,12 +258,17 @@ impl AttachFailures {
         inner.new.push(failure);
     }
 
-    /// The failures recorded since the last call.
-    pub fn take_new(&self) -> Vec<AttachFailure> {
-        self.inner
+    /// The failures recorded since the last call that leave a process
+    /// without probes it needs ([`AttachFailure::blocks_readiness`]).
+    pub fn take_blocking(&self) -> Vec<AttachFailure> {
+        let new = self
+            .inner
             .lock()
             .map(|mut inner| std::mem::take(&mut inner.new))
-            .unwrap_or_default()
+            .unwrap_or_default();
+        new.into_iter()
+            .filter(AttachFailure::blocks_readiness)
+            .collect()
     }
 
     pub fn counts(&self) -> FailureCounts {
@@ -326,8 +334,8 @@ mod tests {
         let counts = failures.counts();
         assert_eq!(counts[0][0], 2, "openssl/permission");
         assert_eq!(counts[0][2], 1, "openssl/unsupported");
-        assert_eq!(failures.take_new().len(), 3);
-        assert!(failures.take_new().is_empty());
+        assert_eq!(failures.take_blocking().len(), 3);
+        assert!(failures.take_blocking().is_empty());
         assert_eq!(failures.counts(), counts);
     }
 }

@@ -10,7 +10,7 @@ mod sock;
 mod uprobe_mode;
 mod verifier;
 
-pub use failures::{AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};
+pub use failures::{whom, AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};
 pub use host::{
     ensure_tracefs, has_capability, load_failure, route_libbpf_logs, TracefsState, CAP_BPF,
     CAP_PERFMON, CAP_SYS_ADMIN,

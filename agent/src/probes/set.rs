@@ -163,7 +163,7 @@ impl ProbeSet {
             add(ProbeKind::Usdt, result);
         }
         if !attached.is_empty() {
-            let whom = pid.map_or("every process".to_string(), |p| format!("pid {p}"));
+            let whom = super::whom(pid);
             tracing::info!(
                 "probing {}: {} for {whom} ({mode} uprobes)",
                 file.mapped_as,
@@ -199,8 +199,7 @@ impl ProbeSet {
                         FileChange::Detach { pid, key } => {
                             // Dropping the links detaches them.
                             if file_links.0.remove(&(pid, key)).is_some() {
-                                let whom =
-                                    pid.map_or("every process".to_string(), |p| format!("pid {p}"));
+                                let whom = super::whom(pid);
                                 tracing::debug!("detached file {key:?} for {whom}");
                             }
                         }

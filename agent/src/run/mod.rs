@@ -30,7 +30,9 @@ use crate::event::Event;
 use crate::ingest::Ingest;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
-use crate::probes::{ensure_tracefs, route_libbpf_logs, HostUprobes, ProbeSettings, UprobeMode};
+use crate::probes::{
+    ensure_tracefs, route_libbpf_logs, whom, HostUprobes, ProbeSettings, UprobeMode,
+};
 use crate::session::SessionHub;
 use crate::stitch::StitchStats;
 use crate::units::{monotonic_now, nanos};
@@ -174,13 +176,7 @@ fn attach_initial(
     }
     probed.send(changes);
     probed.ingest.wait_for_commands(ATTACH_TIMEOUT)?;
-    let missing: Vec<_> = probed
-        .ingest
-        .attach_failures
-        .take_new()
-        .into_iter()
-        .filter(|f| f.blocks_readiness())
-        .collect();
+    let missing = probed.ingest.attach_failures.take_blocking();
     if !missing.is_empty() && !allow_degraded {
         bail!(
             "{} probe set(s) the traced processes need could not be attached (each is named \
@@ -203,10 +199,7 @@ fn attach_initial(
     }
     let what: Vec<String> = missing
         .iter()
-        .map(|f| {
-            let whom = f.pid.map_or("every process".into(), |p| format!("pid {p}"));
-            format!("{} in {} for {whom}", f.kind.title(), f.file)
-        })
+        .map(|f| format!("{} in {} for {}", f.kind.title(), f.file, whom(f.pid)))
         .collect();
     Ok(format!(
         "tokentrace: ready (degraded, --allow-degraded: not attached: {})",

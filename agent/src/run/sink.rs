@@ -162,8 +162,8 @@ impl Stages<'_> {
         // A process found after start whose probes could not be attached
         // is traced without them: not ready any more (the failure's line
         // is in the log), unless the run may be degraded.
-        let failed = self.probed.ingest.attach_failures.take_new();
-        if !self.allow_degraded && failed.iter().any(|f| f.blocks_readiness()) {
+        let failed = self.probed.ingest.attach_failures.take_blocking();
+        if !self.allow_degraded && !failed.is_empty() {
             self.exporter.set_unready();
         }
         self.exporter.observe_agent(self.agent_counters());
