@@ -55,30 +55,15 @@ fn collect(_level: libbpf_rs::PrintLevel, msg: String) {
 pub fn program_stats() -> Result<Vec<ProgramStats>> {
     LOGS.lock().map(|mut l| l.clear()).ok();
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, collect)));
-    let mut sections = Vec::new();
-    {
-        let mut storage = MaybeUninit::<OpenObject>::uninit();
-        let mut open = SockSkelBuilder::default()
-            .open(&mut storage)
-            .context("opening the socket BPF object")?;
-        for mut program in open.open_object_mut().progs_mut() {
-            program.set_log_level(4);
-            sections.push(("sock", name_and_section(&program)));
-        }
-        let _loaded = open.load().context("loading the socket BPF object")?;
-    }
-    {
-        let mut storage = MaybeUninit::<OpenObject>::uninit();
-        let mut open = InferSkelBuilder::default()
-            .open(&mut storage)
-            .context("opening the inference BPF object")?;
-        for mut program in open.open_object_mut().progs_mut() {
-            program.set_log_level(4);
-            sections.push(("infer", name_and_section(&program)));
-        }
-        let _loaded = open.load().context("loading the inference BPF object")?;
-    }
+    let mut sock = MaybeUninit::<OpenObject>::uninit();
+    let mut infer = MaybeUninit::<OpenObject>::uninit();
+    let loaded = load_with_stats(SockSkelBuilder::default(), &mut sock, "sock").and_then(|sock| {
+        let infer = load_with_stats(InferSkelBuilder::default(), &mut infer, "infer")?;
+        Ok(sock.into_iter().chain(infer).collect::<Vec<_>>())
+    });
+    // libbpf's messages go back to the log whether or not both loaded.
     libbpf_rs::set_print(None);
+    let sections = loaded?;
     let logs = LOGS.lock().map(|l| l.join("")).unwrap_or_default();
     Ok(sections
         .into_iter()
@@ -93,6 +78,30 @@ pub fn program_stats() -> Result<Vec<ProgramStats>> {
             }
         })
         .collect())
+}
+
+/// Loads the object `builder` opens with every program's verifier
+/// statistics on (their load logs go to [`LOGS`]); returns each program's
+/// object, name and section.
+fn load_with_stats<'obj, B: SkelBuilder<'obj>>(
+    builder: B,
+    storage: &'obj mut MaybeUninit<OpenObject>,
+    object: &'static str,
+) -> Result<Vec<(&'static str, (String, String))>> {
+    let mut open = builder
+        .open(storage)
+        .with_context(|| format!("opening the {object} BPF object"))?;
+    let programs = open
+        .open_object_mut()
+        .progs_mut()
+        .map(|mut program| {
+            program.set_log_level(4);
+            (object, name_and_section(&program))
+        })
+        .collect();
+    open.load()
+        .with_context(|| format!("loading the {object} BPF object"))?;
+    Ok(programs)
 }
 
 fn name_and_section(program: &libbpf_rs::OpenProgramMut<'_>) -> (String, String) {
