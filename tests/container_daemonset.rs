@@ -31,7 +31,7 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -56,12 +56,8 @@ fn agent_image() -> String {
     format!("localhost/tokentrace:{version}")
 }
 
-fn podman() -> Command {
-    let mut cmd = Command::new("podman");
-    cmd.args(["--runtime", "runc", "--cgroup-manager", "cgroupfs"]);
-    cmd
-}
-
+/// podman with the options this machine needs (runc: crun refuses the
+/// hybrid cgroup layout), as a command line…
 fn podman_args() -> Vec<String> {
     [
         "podman",
@@ -72,6 +68,14 @@ fn podman_args() -> Vec<String> {
     ]
     .map(String::from)
     .to_vec()
+}
+
+/// … and as a command.
+fn podman() -> Command {
+    let args = podman_args();
+    let mut cmd = Command::new(&args[0]);
+    cmd.args(&args[1..]);
+    cmd
 }
 
 fn require_image(name: &str) {
@@ -309,8 +313,7 @@ fn container_pid(name: &str) -> u32 {
 /// The USDT driver (tests/native/probe_driver.py) in a container, held at
 /// its gate.
 struct UsdtDriver {
-    proc: Proc,
-    stdout: BufReader<std::process::ChildStdout>,
+    driver: ProbeDriver,
     pid: u32,
     _container: Container,
 }
@@ -319,48 +322,27 @@ impl UsdtDriver {
     fn start(iterations: u64) -> UsdtDriver {
         let name = unique("tt-usdt");
         let iterations = iterations.to_string();
-        let mut cmd = server_container(
-            &name,
-            &[],
-            &[
-                "python3",
-                "/tests/native/probe_driver.py",
-                "--usdt",
-                "/native/libllm_usdt.so",
-                "--iterations",
-                &iterations,
-            ],
-        );
-        cmd.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = cmd.spawn().expect("podman run (USDT driver)");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let proc = Proc::guard("usdt driver container", child);
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("reading the driver");
-        assert!(
-            line.contains("\"ready\""),
-            "USDT driver: {line:?}; stderr:\n{}",
-            proc.stderr.tail(20)
+        let driver = ProbeDriver::start(
+            "USDT driver container",
+            &mut server_container(
+                &name,
+                &[],
+                &[
+                    "python3",
+                    "/tests/native/probe_driver.py",
+                    "--usdt",
+                    "/native/libllm_usdt.so",
+                    "--iterations",
+                    &iterations,
+                ],
+            ),
         );
         let pid = container_pid(&name);
         UsdtDriver {
-            proc,
-            stdout,
+            driver,
             pid,
             _container: Container(name),
         }
-    }
-
-    fn run(mut self) -> Value {
-        let stdin = self.proc.child.stdin.as_mut().expect("stdin");
-        writeln!(stdin, "go").expect("opening the gate");
-        let mut line = String::new();
-        self.stdout
-            .read_line(&mut line)
-            .expect("reading the driver");
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("USDT driver: {e}: {line:?}"))
     }
 }
 
@@ -492,7 +474,7 @@ fn daemonset_scenario(title: &str, overlay: &str) {
     let mut secure = ClientRun::sse(8, 2, "tls-");
     secure.tls = true;
     let https = run_client(https_port, &secure);
-    let counts = usdt.run();
+    let counts = usdt.driver.run();
     let all: Vec<&ClientRecord> = plain.iter().chain(https.iter()).collect();
     let paths: BTreeSet<String> = all.iter().map(|c| c.path.clone()).collect();
     let missing = agent.wait_for_paths(&paths, Duration::from_secs(20));

@@ -27,7 +27,6 @@
 mod common;
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -184,15 +183,22 @@ fn assert_exact(title: &str, client: &[(String, u64)], agent: &[Value]) {
     );
 }
 
-#[test]
-fn root_daemonset_caps_https_on_a_dynamic_libssl() {
-    let title = "DaemonSet capabilities: uvicorn HTTPS (libssl.so.3)";
-    require_root(title);
-    let tls = TlsDir::new("caps-uvicorn");
+/// uvicorn/FastAPI serving HTTPS through the system libssl.so.3, with the
+/// certificate directory it reads (keep it for the server's life).
+fn https_uvicorn(tag: &str) -> (TlsDir, Server) {
+    let tls = TlsDir::new(tag);
     let server = start_server(
         ServerKind::FastApi,
         &["--ssl-keyfile", tls.key(), "--ssl-certfile", tls.cert()],
     );
+    (tls, server)
+}
+
+#[test]
+fn root_daemonset_caps_https_on_a_dynamic_libssl() {
+    let title = "DaemonSet capabilities: uvicorn HTTPS (libssl.so.3)";
+    require_root(title);
+    let (_tls, server) = https_uvicorn("caps-uvicorn");
     let mut agent = start_capped_agent(&Agent::for_pids(&[server.pid()]));
     wait_probing(&mut agent, ": OpenSSL (");
     let mut run = ClientRun::sse(12, 3, "caps-");
@@ -291,51 +297,6 @@ fn walk(dir: &Path, depth: usize) -> Vec<PathBuf> {
     out
 }
 
-/// tests/native/probe_driver.py with `args`, gated: returns it once it
-/// has the libraries mapped and waits for a line on stdin.
-struct Driver {
-    proc: Proc,
-    stdout: BufReader<std::process::ChildStdout>,
-}
-
-impl Driver {
-    fn start(args: &[&str]) -> Driver {
-        let mut cmd = Command::new(python());
-        cmd.arg(repo_root().join("tests/native/probe_driver.py"))
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("starting probe_driver.py");
-        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
-        let mut line = String::new();
-        stdout
-            .read_line(&mut line)
-            .expect("reading probe_driver.py");
-        assert!(line.contains("\"ready\""), "probe_driver.py: {line:?}");
-        Driver {
-            proc: Proc::guard("probe_driver.py", child),
-            stdout,
-        }
-    }
-
-    /// Opens the gate and returns the driver's own count.
-    fn run(mut self) -> Value {
-        let stdin = self.proc.child.stdin.as_mut().expect("piped stdin");
-        writeln!(stdin, "go").expect("opening the gate");
-        let mut line = String::new();
-        self.stdout
-            .read_line(&mut line)
-            .expect("reading probe_driver.py");
-        let status = self.proc.wait_timeout(Duration::from_secs(60));
-        assert!(
-            status.is_some_and(|s| s.success()),
-            "probe_driver.py failed: {status:?}"
-        );
-        serde_json::from_str(&line).unwrap_or_else(|e| panic!("probe_driver.py: {e}: {line:?}"))
-    }
-}
-
 /// Runs the driver on `cudart` (and the USDT library) traced by a capped
 /// agent; every launch, sync and token probe must have been seen.
 fn cuda_and_usdt_exact(title: &str, cudart: &Path, usdt: bool) {
@@ -352,7 +313,12 @@ fn cuda_and_usdt_exact(title: &str, cudart: &Path, usdt: bool) {
     if usdt {
         args.extend(["--usdt", usdt_lib.to_str().expect("UTF-8 path")]);
     }
-    let driver = Driver::start(&args);
+    let driver = ProbeDriver::start(
+        "probe_driver.py",
+        Command::new(python())
+            .arg(repo_root().join("tests/native/probe_driver.py"))
+            .args(&args),
+    );
     let mut agent = start_capped_agent(&Agent::for_pids(&[driver.proc.pid()]));
     let name = cudart
         .file_name()
@@ -447,11 +413,7 @@ fn run_to_exit(wrapper: &[String], args: &[String]) -> (std::process::ExitStatus
 fn root_daemonset_caps_missing_probes_are_an_error_not_ready() {
     let title = "DaemonSet capabilities: probes that cannot attach";
     require_root(title);
-    let tls = TlsDir::new("caps-refused");
-    let server = start_server(
-        ServerKind::FastApi,
-        &["--ssl-keyfile", tls.key(), "--ssl-certfile", tls.cert()],
-    );
+    let (_tls, server) = https_uvicorn("caps-refused");
     let pid = server.pid().to_string();
     let daemonset = setpriv(&daemonset_capabilities());
 
@@ -587,11 +549,7 @@ fn root_daemonset_caps_deep_or_scratch_programs_disable_preemption() {
     }
     assert!(must_guard.contains("ssl_exit"), "{title}: {must_guard:?}");
 
-    let tls = TlsDir::new("caps-preempt");
-    let server = start_server(
-        ServerKind::FastApi,
-        &["--ssl-keyfile", tls.key(), "--ssl-certfile", tls.cert()],
-    );
+    let (_tls, server) = https_uvicorn("caps-preempt");
     let mut agent = start_capped_agent(&Agent::for_pids(&[server.pid()]));
     wait_probing(&mut agent, ": OpenSSL (");
     let mut guarded = BTreeSet::new();

@@ -14,7 +14,7 @@
 #![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
@@ -1820,5 +1820,54 @@ impl Agent {
             },
             Vec::is_empty,
         )
+    }
+}
+
+/// tests/native/probe_driver.py started by `cmd` (this host's Python, or a
+/// container's), held at its gate: its libraries are mapped, it has made
+/// no call yet.
+pub struct ProbeDriver {
+    pub proc: Proc,
+    stdout: BufReader<std::process::ChildStdout>,
+}
+
+impl ProbeDriver {
+    /// Spawns `cmd` (stdio piped) and waits for the driver's `{"ready": …}`.
+    pub fn start(name: &str, cmd: &mut Command) -> ProbeDriver {
+        cmd.stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let proc = Proc::guard(name, child);
+        let mut line = String::new();
+        stdout
+            .read_line(&mut line)
+            .expect("reading probe_driver.py");
+        assert!(
+            line.contains("\"ready\""),
+            "{name}: {line:?}; stderr:\n{}",
+            proc.stderr.tail(20)
+        );
+        ProbeDriver { proc, stdout }
+    }
+
+    /// Opens the gate; returns the driver's own count once it exited.
+    pub fn run(mut self) -> Value {
+        let stdin = self.proc.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "go").expect("opening the gate");
+        let mut line = String::new();
+        self.stdout
+            .read_line(&mut line)
+            .expect("reading probe_driver.py");
+        let status = self.proc.wait_timeout(Duration::from_secs(60));
+        assert!(
+            status.is_some_and(|s| s.success()),
+            "probe_driver.py failed: {status:?}; stderr:\n{}",
+            self.proc.stderr.tail(20)
+        );
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("probe_driver.py: {e}: {line:?}"))
     }
 }
