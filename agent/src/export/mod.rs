@@ -32,6 +32,7 @@ mod metrics;
 mod otlp;
 mod prometheus;
 mod queue;
+mod reachability;
 mod resource;
 mod retry;
 mod route;
@@ -44,7 +45,7 @@ mod trigger_span;
 
 use std::fmt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -65,9 +66,10 @@ use encode::TraceItem;
 use metrics::{ExportCounters, Metrics};
 use otlp::OtlpClient;
 use queue::{QueueReceiver, QueueSender};
+use reachability::Reachability;
 use resource::kv_str;
 use resource::{ResourceCache, ResourceRules};
-use retry::{with_retry, RetryPolicy};
+use retry::{with_retry, GaveUp, Outage, RetryPolicy};
 use spans::{trace_spans, Trace};
 
 use crate::event::MonoNs;
@@ -453,27 +455,34 @@ async fn finish(mut task: JoinHandle<()>, deadline: tokio::time::Instant, what: 
     }
 }
 
-/// Logs export failures once per outage, not once per batch.
+/// Logs export failures once per outage, not once per batch. Atomic, so
+/// the span task can note a failure from inside a retried attempt.
 struct Health {
     what: &'static str,
     url: String,
-    failing: bool,
+    failing: AtomicBool,
 }
 
 impl Health {
-    fn ok(&mut self) {
-        if self.failing {
-            tracing::warn!("{} to {}: recovered", self.what, self.url);
-            self.failing = false;
+    fn new(what: &'static str, url: &str) -> Self {
+        Self {
+            what,
+            url: url.to_string(),
+            failing: AtomicBool::new(false),
         }
     }
 
-    fn failed(&mut self, err: &otlp::SendError, consequence: &str) {
-        if self.failing {
+    fn ok(&self) {
+        if self.failing.swap(false, Ordering::Relaxed) {
+            tracing::warn!("{} to {}: recovered", self.what, self.url);
+        }
+    }
+
+    fn failed(&self, err: &otlp::SendError, consequence: &str) {
+        if self.failing.swap(true, Ordering::Relaxed) {
             tracing::debug!("{} to {} failed: {err}", self.what, self.url);
         } else {
             tracing::warn!("{} to {} failed: {err}; {consequence}", self.what, self.url);
-            self.failing = true;
         }
     }
 }
@@ -487,11 +496,8 @@ async fn export_spans(
     retry: RetryPolicy,
 ) {
     let stats = &shared.stats;
-    let mut health = Health {
-        what: "span export",
-        url: client.url().to_string(),
-        failing: false,
-    };
+    let health = Health::new("span export", client.url());
+    let reach = Reachability::new(client.authority());
     while let Some(batch) = rx.next_batch(batch_size, linger).await {
         stats
             .dequeued
@@ -510,7 +516,29 @@ async fn export_spans(
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |q| {
                 Some(q.saturating_sub(bytes))
             });
-        let outcome = with_retry(retry, || client.export_traces(request.clone())).await;
+        let outage = Outage {
+            comes_back: || reach.comes_back(),
+            queue_full: || rx.is_full(),
+        };
+        let outcome = with_retry(retry, outage, |renew| {
+            if renew {
+                client.renew();
+            }
+            let attempt = client.export_traces(request.clone());
+            let health = &health;
+            async move {
+                let result = attempt.await;
+                if let Err(err @ otlp::SendError::Retryable { .. }) = &result {
+                    health.failed(
+                        err,
+                        "spans wait in the export queue; once it is full, the oldest batch \
+                         and new spans are dropped (tokentrace_spans_dropped_total)",
+                    );
+                }
+                result
+            }
+        })
+        .await;
         drop(request);
         stats.in_flight_bytes.store(0, Ordering::Relaxed);
         match outcome {
@@ -527,16 +555,21 @@ async fn export_spans(
                     tracing::warn!("the OTLP backend rejected {rejected} of {spans} spans");
                 }
             }
-            Err((err, attempts)) => {
+            Err(GaveUp::Refused(err, attempts)) => {
                 stats
                     .spans_dropped_export_failed
                     .fetch_add(spans, Ordering::Relaxed);
-                health.failed(
-                    &err,
-                    &format!(
-                        "dropped {spans} spans after {attempts} attempt(s); \
-                         further drops are counted in tokentrace.spans.dropped"
-                    ),
+                tracing::warn!(
+                    "span export to {}: dropped {spans} spans the backend refused after {attempts} attempt(s): {err}",
+                    client.url()
+                );
+            }
+            Err(GaveUp::NoRoom(err, attempts)) => {
+                stats
+                    .spans_dropped_queue_full
+                    .fetch_add(spans, Ordering::Relaxed);
+                tracing::debug!(
+                    "dropped {spans} spans after {attempts} attempt(s) to make room: {err}"
                 );
             }
         }
@@ -550,11 +583,7 @@ async fn export_metrics(
     interval: Duration,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let mut health = Health {
-        what: "metrics export",
-        url: client.url().to_string(),
-        failing: false,
-    };
+    let health = Health::new("metrics export", client.url());
     let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -574,6 +603,9 @@ async fn export_metrics(
                     .metric_exports_failed
                     .fetch_add(1, Ordering::Relaxed);
                 health.failed(&err, "the next push carries the same cumulative data");
+                // dial afresh for the next push, whatever state the
+                // transport's own reconnect logic is in
+                client.renew();
             }
         }
         if last {

@@ -9,12 +9,17 @@
 //! retryable, the rest are not. Retrying itself is the caller's job
 //! ([`super::retry`]), so it can give up under its own budget.
 //!
+//! After an outage the caller [`OtlpClient::renew`]s the transport: a
+//! fresh channel (or connection pool) dials at once, whatever backoff or
+//! half-dead connection the old one was left with.
+//!
 //! Plaintext only: TLS needs a TLS stack in the agent, which this build
 //! does not carry; point the agent at a node-local collector (the usual
 //! DaemonSet layout) and let that one talk TLS.
 
 use std::fmt;
 use std::future::Future;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -123,6 +128,7 @@ fn retryable(message: String) -> SendError {
     }
 }
 
+#[derive(Clone)]
 enum Transport {
     Grpc {
         channel: Channel,
@@ -138,15 +144,16 @@ enum Transport {
 
 /// A connection to one OTLP endpoint for one signal.
 pub struct OtlpClient {
-    transport: Transport,
-    timeout: Duration,
-    url: String,
+    target: Target,
+    /// Cloned for each export (a channel or pool handle, cheap); replaced
+    /// whole by `renew`.
+    transport: Mutex<Transport>,
 }
 
 impl fmt::Debug for OtlpClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OtlpClient")
-            .field("url", &self.url)
+            .field("url", &self.target.url)
             .finish_non_exhaustive()
     }
 }
@@ -155,49 +162,33 @@ impl OtlpClient {
     /// Prepares the client; connects on first use. Must run inside the
     /// tokio runtime (the gRPC channel spawns its connection task there).
     pub fn new(target: &Target) -> Result<Self, ExportError> {
-        let transport = match target.protocol {
-            Protocol::Grpc => {
-                let endpoint = Endpoint::from_shared(target.url.clone())
-                    .map_err(|source| ExportError::GrpcEndpoint {
-                        url: target.url.clone(),
-                        source,
-                    })?
-                    .connect_timeout(target.timeout)
-                    .timeout(target.timeout)
-                    .tcp_nodelay(true);
-                Transport::Grpc {
-                    channel: endpoint.connect_lazy(),
-                    headers: target.headers.clone(),
-                }
-            }
-            Protocol::HttpProtobuf => {
-                let uri: Uri = target
-                    .url
-                    .parse()
-                    .map_err(|source| ExportError::HttpEndpoint {
-                        url: target.url.clone(),
-                        source,
-                    })?;
-                let mut connector = HttpConnector::new();
-                connector.set_connect_timeout(Some(target.timeout));
-                connector.set_nodelay(true);
-                let client = Box::new(Client::builder(TokioExecutor::new()).build(connector));
-                Transport::Http {
-                    client,
-                    uri,
-                    headers: target.headers.clone(),
-                }
-            }
-        };
         Ok(Self {
-            transport,
-            timeout: target.timeout,
-            url: target.url.clone(),
+            transport: Mutex::new(transport(target)?),
+            target: target.clone(),
         })
     }
 
     pub fn url(&self) -> &str {
-        &self.url
+        &self.target.url
+    }
+
+    /// The `host:port` the transport dials, for reachability probes.
+    pub fn authority(&self) -> Option<String> {
+        authority(&self.target.url)
+    }
+
+    /// Drops the transport for a new one: the next export dials afresh.
+    pub fn renew(&self) {
+        match transport(&self.target) {
+            Ok(fresh) => {
+                *self
+                    .transport
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = fresh
+            }
+            // the target was valid when the client was made; keep the old one
+            Err(err) => tracing::debug!("renewing the OTLP transport: {err}"),
+        }
     }
 
     /// Sends spans; `Ok` carries the number the backend said it rejected.
@@ -239,7 +230,12 @@ impl OtlpClient {
         Call: FnOnce(Channel, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        match &self.transport {
+        let transport = self
+            .transport
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        match &transport {
             Transport::Grpc { channel, headers } => {
                 grpc(channel.clone(), grpc_request(request, headers))
                     .await
@@ -250,9 +246,68 @@ impl OtlpClient {
                 client,
                 uri,
                 headers,
-            } => post(client, uri, headers, self.timeout, request.encode_to_vec()).await,
+            } => {
+                post(
+                    client,
+                    uri,
+                    headers,
+                    self.target.timeout,
+                    request.encode_to_vec(),
+                )
+                .await
+            }
         }
     }
+}
+
+/// A fresh transport for `target`: a lazily connected gRPC channel or an
+/// HTTP client with its own (empty) connection pool.
+fn transport(target: &Target) -> Result<Transport, ExportError> {
+    Ok(match target.protocol {
+        Protocol::Grpc => {
+            let endpoint = Endpoint::from_shared(target.url.clone())
+                .map_err(|source| ExportError::GrpcEndpoint {
+                    url: target.url.clone(),
+                    source,
+                })?
+                .connect_timeout(target.timeout)
+                .timeout(target.timeout)
+                .tcp_nodelay(true);
+            Transport::Grpc {
+                channel: endpoint.connect_lazy(),
+                headers: target.headers.clone(),
+            }
+        }
+        Protocol::HttpProtobuf => {
+            let uri: Uri = target
+                .url
+                .parse()
+                .map_err(|source| ExportError::HttpEndpoint {
+                    url: target.url.clone(),
+                    source,
+                })?;
+            let mut connector = HttpConnector::new();
+            connector.set_connect_timeout(Some(target.timeout));
+            connector.set_nodelay(true);
+            let client = Box::new(Client::builder(TokioExecutor::new()).build(connector));
+            Transport::Http {
+                client,
+                uri,
+                headers: target.headers.clone(),
+            }
+        }
+    })
+}
+
+/// `host:port` of an `http://` URL (the port defaulted from the scheme).
+fn authority(url: &str) -> Option<String> {
+    let uri: Uri = url.parse().ok()?;
+    let host = uri.host()?;
+    let port = uri.port_u16().unwrap_or(match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    });
+    Some(format!("{host}:{port}"))
 }
 
 /// One OTLP/HTTP `POST`, bounded by `timeout` from send to the end of the

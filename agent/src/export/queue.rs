@@ -40,6 +40,11 @@ impl<T> QueueSender<T> {
 }
 
 impl<T> QueueReceiver<T> {
+    /// Whether a `try_push` would fail for want of room now.
+    pub fn is_full(&self) -> bool {
+        self.rx.capacity() == 0
+    }
+
     /// Waits for an item, then collects up to `max` items, waiting at most
     /// `linger` after the first for the batch to fill. `None` once every
     /// sender is gone and the queue is empty.

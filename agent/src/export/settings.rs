@@ -83,7 +83,8 @@ pub struct RetryConfig {
     pub initial_backoff: Duration,
     #[serde(with = "humantime_serde")]
     pub max_backoff: Duration,
-    /// A batch still failing after this long is dropped (and counted).
+    /// A batch still failing after this long is dropped (and counted) if
+    /// the queue behind it is full; with room, it is kept.
     #[serde(with = "humantime_serde")]
     pub max_elapsed: Duration,
 }
