@@ -1,5 +1,5 @@
 //! The traced side of the soak: one `tokentrace run` (JSON lines on stdout,
-//! info log on stderr, Prometheus endpoint, OTLP/gRPC to the collector), its
+//! info log on stderr, Prometheus endpoint, OTLP/gRPC or HTTP to the collector), its
 //! reports timestamped as they arrive, and the probes of its memory and
 //! counters.
 
@@ -23,6 +23,38 @@ pub struct Report {
 }
 
 type Lines = Arc<Mutex<Vec<(f64, String)>>>;
+
+/// The OTLP protocol the soak's agents export with (`--protocol`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    Grpc,
+    Http,
+}
+
+impl Protocol {
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "grpc" => Some(Protocol::Grpc),
+            "http" => Some(Protocol::Http),
+            _ => None,
+        }
+    }
+
+    /// As `--otlp-protocol` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Protocol::Grpc => "grpc",
+            Protocol::Http => "http",
+        }
+    }
+}
+
+/// Where the agent sends OTLP: the collector's port for `protocol`.
+#[derive(Clone, Copy, Debug)]
+pub struct Otlp {
+    pub protocol: Protocol,
+    pub port: u16,
+}
 
 pub struct Agent {
     child: Child,
@@ -59,7 +91,7 @@ impl Agent {
     pub fn start(
         bin: &Path,
         selector: &[String],
-        grpc_port: u16,
+        otlp: Otlp,
         metrics_port: u16,
         t0: Instant,
     ) -> Result<Agent> {
@@ -67,8 +99,11 @@ impl Agent {
             .arg("run")
             .args(selector)
             .args(["--output", "json", "--log-level", "info", "--no-control"])
-            .args(["--otlp-endpoint", &format!("http://127.0.0.1:{grpc_port}")])
-            .args(["--otlp-protocol", "grpc"])
+            .args([
+                "--otlp-endpoint",
+                &format!("http://127.0.0.1:{}", otlp.port),
+            ])
+            .args(["--otlp-protocol", otlp.protocol.name()])
             .args(["--metrics-addr", &format!("127.0.0.1:{metrics_port}")])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

@@ -2,10 +2,10 @@
 //! collector), run as tests/otel_export.rs runs it, printing every span it
 //! decoded (`--debug-log traces --debug-log-verbosity detailed`). Its output
 //! is read as it comes: every span is counted and the trace id of every
-//! SERVER span kept, across all of the collector's lives (it is taken down
+//! SERVER span kept with when it arrived, across all of the collector's lives (it is taken down
 //! and started again on the same port).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
@@ -18,18 +18,33 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 /// What every collector life received, together.
-#[derive(Default)]
 pub struct Seen {
+    t0: Instant,
     pub spans: AtomicU64,
-    pub server_traces: Mutex<HashSet<String>>,
+    /// Trace id of every SERVER span -> when its line was read (seconds
+    /// since the soak's start): how soon an outage's backlog arrived.
+    pub server_traces: Mutex<HashMap<String, f64>>,
 }
 
 impl Seen {
+    pub fn new(t0: Instant) -> Self {
+        Self {
+            t0,
+            spans: AtomicU64::new(0),
+            server_traces: Mutex::new(HashMap::new()),
+        }
+    }
+
     pub fn has_trace(&self, trace: &str) -> bool {
+        self.arrived_at(trace).is_some()
+    }
+
+    /// When the first SERVER span of `trace` reached the collector.
+    pub fn arrived_at(&self, trace: &str) -> Option<f64> {
         self.server_traces
             .lock()
-            .map(|s| s.contains(trace))
-            .unwrap_or(false)
+            .ok()
+            .and_then(|s| s.get(trace).copied())
     }
 }
 
@@ -188,8 +203,9 @@ impl SpanParser {
         if self.open {
             seen.spans.fetch_add(1, Ordering::Relaxed);
             if let (true, Some(trace)) = (self.server, self.trace.take()) {
+                let at = seen.t0.elapsed().as_secs_f64();
                 if let Ok(mut s) = seen.server_traces.lock() {
-                    s.insert(trace);
+                    s.entry(trace).or_insert(at);
                 }
             }
         }
@@ -230,7 +246,7 @@ Span #0
     Kind           : SPAN_KIND_SERVER
     Trace ID       : 00000000000000010000000000000009
 ";
-        let seen = Seen::default();
+        let seen = Seen::new(Instant::now());
         let mut p = SpanParser::default();
         for l in text.lines() {
             p.line(l, &seen);

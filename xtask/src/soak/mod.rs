@@ -12,7 +12,10 @@
 //!    each new high-water mark of the backlog; a per-request leak shows
 //!    inside the windows; see report.rs). Spans of requests reported while the collector is
 //!    up (after the outage's backlog drained) must all reach it; what the
-//!    agent drops is counted by its own counters.
+//!    agent drops is counted by its own counters. Each outage is judged
+//!    on its own (outage.rs): its backlog reached the collector within 2 s
+//!    of its return, and nothing was dropped while the queue had room.
+//!    `--protocol grpc|http` picks the OTLP transport (default grpc).
 //! 2. **server restart under `--port`** — SIGTERM, a new process (new pid)
 //!    on the same port: how long until the agent traces it, and which
 //!    requests it missed.
@@ -30,6 +33,7 @@ mod collector;
 mod leftover;
 mod load;
 mod measure;
+mod outage;
 mod report;
 mod sampler;
 mod server;
@@ -42,13 +46,14 @@ use anyhow::{bail, Context, Result};
 
 use crate::deps::{self, Scope};
 use crate::util::{self, free_port};
-use agent::{Agent, Finished};
+use agent::{Agent, Finished, Otlp, Protocol};
 use collector::{Collector, Seen};
 use sampler::{Sample, Sampler, Target};
 use server::Server;
 
 const USAGE: &str = "usage: cargo xtask soak [--minutes N] [--rate REQ_PER_MIN] [--cycle-seconds S] \
-                     [--down-seconds S] [--tokens N] [--max-slope MIB_PER_H] [--release | --agent PATH] [--out FILE]";
+                     [--down-seconds S] [--tokens N] [--max-slope MIB_PER_H] [--protocol grpc|http] \
+                     [--release | --agent PATH] [--out FILE]";
 
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -58,6 +63,7 @@ pub struct Options {
     pub down_s: f64,
     pub tokens: u32,
     pub max_slope: f64,
+    pub protocol: Protocol,
     pub release: bool,
     pub agent: Option<PathBuf>,
     pub out: Option<PathBuf>,
@@ -71,6 +77,7 @@ fn parse(args: &[String]) -> Result<Options> {
         down_s: 60.0,
         tokens: 32,
         max_slope: 2.0,
+        protocol: Protocol::Grpc,
         release: false,
         agent: None,
         out: None,
@@ -100,6 +107,10 @@ fn parse(args: &[String]) -> Result<Options> {
             "--down-seconds" => o.down_s = num()?,
             "--tokens" => o.tokens = num()? as u32,
             "--max-slope" => o.max_slope = num()?,
+            "--protocol" => {
+                o.protocol = Protocol::parse(value)
+                    .with_context(|| format!("--protocol {value:?}: grpc or http; {USAGE}"))?
+            }
             "--agent" => o.agent = Some(PathBuf::from(value)),
             "--out" => o.out = Some(PathBuf::from(value)),
             _ => bail!("unknown flag {flag:?}; {USAGE}"),
@@ -236,20 +247,27 @@ fn soak(
         .unwrap_or(1);
     let (port, grpc, http) = (free_port()?, free_port()?, free_port()?);
     let (metrics_a, metrics_b) = (free_port()?, free_port()?);
-    let seen = Arc::new(Seen::default());
+    let seen = Arc::new(Seen::new(t0));
+    let otlp = Otlp {
+        protocol: opts.protocol,
+        port: match opts.protocol {
+            Protocol::Grpc => grpc,
+            Protocol::Http => http,
+        },
+    };
     let mut server = Server::start(python, port, t0)?;
     let mut collector = Some(Collector::start(rotel, grpc, http, &seen)?);
     let mut up_since = now(t0);
     let a = Agent::start(
         agent_bin,
         &["--port".into(), port.to_string()],
-        grpc,
+        otlp,
         metrics_a,
         t0,
     )?;
     eprintln!(
-        "soak: server pid {} on :{port}, agent pid {} (--port), collector on :{grpc}; {} min at {}/min",
-        server.pid, a.pid, opts.minutes, opts.rate
+        "soak: server pid {} on :{port}, agent pid {} (--port), collector on :{} ({}); {} min at {}/min",
+        server.pid, a.pid, otlp.port, opts.protocol.name(), opts.minutes, opts.rate
     );
     let sampler = Sampler::start(t0);
     sampler.set(Some(Target {
@@ -325,7 +343,7 @@ fn soak(
     let b = Agent::start(
         agent_bin,
         &["--exe".into(), server::exe_pattern(port)],
-        grpc,
+        otlp,
         metrics_b,
         t0,
     )?;

@@ -11,6 +11,7 @@ use super::load::{trace_id, Sent};
 use super::measure::{
     coverage, delivery_windows, pooled_slope_mib_per_hour, slope_mib_per_hour, Gap, Window,
 };
+use super::outage;
 use super::sampler::Sample;
 use super::{Restart, Run};
 
@@ -231,19 +232,70 @@ pub fn build(run: &Run) -> (Value, String, bool) {
         "tokentrace_events_lost_total",
         &["where=\"agent\""],
     );
-    let outages: Vec<Value> = run
+    // 1c. each outage: drain time and drops (outage.rs)
+    let outage_verdicts: Vec<(f64, f64, outage::Verdict)> = run
         .outages
         .iter()
-        .map(|&(down, up)| {
-            let drained = empty.iter().copied().find(|&t| t >= up);
-            json!({"down_at_s": down - run.load_start, "up_at_s": up - run.load_start,
-                   "backlog_drained_after_s": drained.map(|d| d - up)})
+        .enumerate()
+        .map(|(i, &(down, up))| {
+            let until = run
+                .outages
+                .get(i + 1)
+                .map_or(run.main_end, |&(next_down, _)| next_down);
+            let verdict = outage::Outage {
+                down,
+                up,
+                until,
+                reports: &run.a.reports,
+                samples: &a_samples,
+            }
+            .judge(|rid| run.seen.arrived_at(&trace_id(run.salt, rid)));
+            (down, up, verdict)
         })
         .collect();
-    let drains: Vec<String> = outages
+    let outages: Vec<Value> = outage_verdicts
         .iter()
-        .map(|o| fmt(o["backlog_drained_after_s"].as_f64(), 1))
+        .map(|(down, up, v)| v.json(down - run.load_start, up - run.load_start))
         .collect();
+    let drains: Vec<String> = outage_verdicts
+        .iter()
+        .map(|(_, _, v)| fmt(v.drained_after_s, 2))
+        .collect();
+    let outage_failures: Vec<String> = outage_verdicts
+        .iter()
+        .enumerate()
+        .flat_map(|(i, (_, _, v))| {
+            v.failures
+                .iter()
+                .map(move |f| format!("outage {}: {f}", i + 1))
+        })
+        .collect();
+    let outages_pass = verdict(
+        &mut text,
+        "outages",
+        outage_failures.is_empty(),
+        format!(
+            "{} outages over {}; drained after {:?} s (bound {} s); spans dropped per outage (queue full/export failed) {:?}; \
+             backlog arrived {:?}{}",
+            outage_verdicts.len(),
+            run.opts.protocol.name(),
+            drains,
+            outage::MAX_DRAIN_S,
+            outage_verdicts
+                .iter()
+                .map(|(_, _, v)| format!("{:.0}/{:.0}", v.dropped_queue_full, v.dropped_export_failed))
+                .collect::<Vec<_>>(),
+            outage_verdicts
+                .iter()
+                .map(|(_, _, v)| format!("{}/{}", v.arrived, v.backlog))
+                .collect::<Vec<_>>(),
+            if outage_failures.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", outage_failures.join("; "))
+            }
+        ),
+    );
     let export_pass = verdict(
         &mut text,
         "export",
@@ -341,7 +393,8 @@ pub fn build(run: &Run) -> (Value, String, bool) {
     let json = json!({
         "pass": all_pass,
         "options": {"minutes": run.opts.minutes, "rate_per_min": run.opts.rate, "cycle_s": run.opts.cycle_s,
-                    "down_s": run.opts.down_s, "tokens": run.opts.tokens, "max_slope_mib_per_h": run.opts.max_slope},
+                    "down_s": run.opts.down_s, "tokens": run.opts.tokens, "max_slope_mib_per_h": run.opts.max_slope,
+                    "protocol": run.opts.protocol.name()},
         "agent_binary": run.agent_bin.display().to_string(),
         "load": {"sent": run.sent.len(), "ok": ok, "failed": run.sent.len() - ok,
                  "achieved_per_min": sent_main as f64 / (main_s / 60.0), "stream_p50_s": duration_p50,
@@ -357,11 +410,12 @@ pub fn build(run: &Run) -> (Value, String, bool) {
         "export": {"pass": export_pass, "checked_requests": checked.len(), "missing_requests": missing.len(),
                    "missing_rids": missing.iter().take(20).collect::<Vec<_>>(),
                    "windows": windows.iter().map(|w| [w.from - run.load_start, w.to - run.load_start]).collect::<Vec<_>>(),
-                   "outages": outages, "requests_sent": main_cov.checked, "requests_unreported": main_cov.uncovered,
+                   "requests_sent": main_cov.checked, "requests_unreported": main_cov.uncovered,
                    "spans_exported": exported, "spans_dropped_queue_full": dropped_full,
                    "spans_dropped_export_failed": dropped_failed, "queued_requests_at_kill": queued,
                    "collector_spans_received": k.collector_spans,
                    "events_lost_kernel": lost_kernel, "events_lost_agent": lost_agent},
+        "outages": {"pass": outages_pass, "max_drain_s": outage::MAX_DRAIN_S, "each": outages},
         "server_restart_port": port_json,
         "agent_kill": {"pass": kill_pass, "programs_held": k.held.progs.len(), "links_held": k.held.links.len(),
                        "uprobe_links_held": k.held.uprobe_links, "programs_left": k.left.progs, "links_left": k.left.links,

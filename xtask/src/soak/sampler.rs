@@ -32,6 +32,7 @@ pub struct Sample {
     pub cpu_ticks: Option<u64>,
     /// None when the metrics endpoint did not answer.
     pub queue_len: Option<f64>,
+    pub queue_cap: Option<f64>,
     pub exported: f64,
     pub dropped_full: f64,
     pub dropped_failed: f64,
@@ -99,6 +100,7 @@ fn sample(t0: Instant, tg: Target) -> Sample {
         rss_kib: rss,
         cpu_ticks: cpu_ticks(tg.pid),
         queue_len: get("tokentrace_export_queue_length", &[]),
+        queue_cap: get("tokentrace_export_queue_capacity", &[]),
         exported: get("tokentrace_spans_exported_total", &[]).unwrap_or(0.0),
         dropped_full: get("tokentrace_spans_dropped_total", &["reason=\"queue_full\""])
             .unwrap_or(0.0),
