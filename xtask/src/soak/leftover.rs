@@ -18,7 +18,8 @@ use anyhow::{bail, Context, Result};
 pub struct Held {
     pub progs: BTreeSet<u64>,
     pub links: BTreeSet<u64>,
-    /// Links whose perf event is a uprobe or uretprobe.
+    /// uprobe_multi links, and links whose perf event is a uprobe or
+    /// uretprobe.
     pub uprobe_links: usize,
 }
 
@@ -51,7 +52,11 @@ pub fn held_by(pid: u32) -> Result<Held> {
             if let Some(id) = field("link_id:").and_then(|v| v.parse().ok()) {
                 held.links.insert(id);
             }
-            if field("event_type:").is_some_and(|t| t.contains("uprobe")) {
+            // a perf-event uprobe link names its event type; an
+            // uprobe_multi link (the agent's default mode) its link type
+            let uprobe =
+                |name| field(name).is_some_and(|t| t.contains("uprobe") || t.contains("uretprobe"));
+            if uprobe("event_type:") || uprobe("link_type:") {
                 held.uprobe_links += 1;
             }
         }
