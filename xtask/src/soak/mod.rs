@@ -26,7 +26,7 @@
 //!
 //! The machine is shared: the report carries the load average and how often
 //! the root-tests lock was held while the soak ran. Results: stdout and
-//! target/soak/report.json (`--out`).
+//! target/soak/report-PROTOCOL.json (`--out`).
 
 mod agent;
 mod collector;
@@ -206,7 +206,8 @@ pub fn run(args: &[String]) -> Result<()> {
     let dir = util::target_dir().join("soak");
     std::fs::create_dir_all(&dir)?;
     for (tag, done) in [("A", &run.a), ("B", &run.b)] {
-        let path = dir.join(format!("agent-{tag}-other-lines.jsonl"));
+        let protocol = opts.protocol.name();
+        let path = dir.join(format!("agent-{tag}-{protocol}-other-lines.jsonl"));
         std::fs::write(&path, done.other_lines.join("\n") + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
         let log: String = done
@@ -214,14 +215,13 @@ pub fn run(args: &[String]) -> Result<()> {
             .iter()
             .map(|(t, l)| format!("[{t:9.3} s] {l}\n"))
             .collect();
-        let path = dir.join(format!("agent-{tag}.log"));
+        let path = dir.join(format!("agent-{tag}-{protocol}.log"));
         std::fs::write(&path, log).with_context(|| format!("writing {}", path.display()))?;
     }
     print!("{text}");
-    let out = opts
-        .out
-        .clone()
-        .unwrap_or_else(|| util::target_dir().join("soak/report.json"));
+    let out = opts.out.clone().unwrap_or_else(|| {
+        util::target_dir().join(format!("soak/report-{}.json", opts.protocol.name()))
+    });
     if let Some(dir) = out.parent() {
         std::fs::create_dir_all(dir)?;
     }
