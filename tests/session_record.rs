@@ -292,17 +292,17 @@ fn request_tracks(trace: &Value) -> BTreeMap<String, usize> {
         .collect()
 }
 
-/// Renders report.html in headless Chromium: a screenshot kept as a test
-/// artifact, no console message at all (the page logs nothing on
-/// success), and the script's output present in the DOM.
-fn check_report_in_chromium(report: &Path, screenshot: &Path) {
+/// Headless Chromium on `url` with `extra` flags, in a fresh profile.
+fn chromium(url: &str, extra: &[String]) -> std::process::Output {
     let chromium = std::env::var("TOKENTRACE_TEST_CHROMIUM").unwrap_or_else(|_| "chromium".into());
-    let profile = std::env::temp_dir().join(format!("tt-chromium-{}", std::process::id()));
+    let profile = std::env::temp_dir().join(format!(
+        "tt-chromium-{}-{}",
+        std::process::id(),
+        extra.len()
+    ));
     let _ = std::fs::remove_dir_all(&profile);
-    let url = format!("file://{}", report.display());
-    let base = |extra: &[String]| {
-        let mut cmd = Command::new(&chromium);
-        cmd.args([
+    let output = Command::new(&chromium)
+        .args([
             "--headless",
             "--no-sandbox",
             "--disable-gpu",
@@ -318,18 +318,22 @@ fn check_report_in_chromium(report: &Path, screenshot: &Path) {
         ])
         .arg(format!("--user-data-dir={}", profile.display()))
         .args(extra)
-        .arg(&url);
-        cmd
-    };
-    let shot = base(&[format!("--screenshot={}", screenshot.display())])
+        .arg(url)
         .output()
         .unwrap_or_else(|e| {
             panic!("cannot run {chromium} (apt-get install chromium; CI installs it): {e}")
         });
-    let dom = base(&["--dump-dom".to_string()])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {chromium}: {e}"));
     let _ = std::fs::remove_dir_all(&profile);
+    output
+}
+
+/// Renders report.html in headless Chromium: a screenshot kept as a test
+/// artifact, no console message at all (the page logs nothing on
+/// success), and the script's output present in the DOM.
+fn check_report_in_chromium(report: &Path, screenshot: &Path) {
+    let url = format!("file://{}", report.display());
+    let shot = chromium(&url, &[format!("--screenshot={}", screenshot.display())]);
+    let dom = chromium(&url, &["--dump-dom".to_string()]);
     let stderr = format!(
         "{}\n{}",
         String::from_utf8_lossy(&shot.stderr),
@@ -372,6 +376,135 @@ fn check_report_in_chromium(report: &Path, screenshot: &Path) {
     );
 }
 
+/// Reads report.html's layout from the page Chromium rendered
+/// (tests/fixtures/report_probe.html frames it at 1400 px, clicks a
+/// waterfall row and "Whole session", and writes what it saw as JSON).
+fn report_layout(report: &Path) -> Value {
+    let dir = report.parent().expect("report dir");
+    let probe = dir.join("report_probe.html");
+    std::fs::copy(repo_root().join("tests/fixtures/report_probe.html"), &probe)
+        .expect("copy the probe page");
+    let out = chromium(
+        &format!("file://{}", probe.display()),
+        &[
+            "--allow-file-access-from-files".to_string(),
+            "--dump-dom".to_string(),
+        ],
+    );
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let json = dom
+        .split_once("<pre id=\"out\">")
+        .and_then(|(_, rest)| rest.split_once("</pre>"))
+        .map(|(json, _)| {
+            json.replace("&amp;", "&")
+                .replace("&lt;", "<")
+                .replace("&gt;", ">")
+        })
+        .unwrap_or_else(|| panic!("the probe page wrote nothing:\n{dom}"));
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("probe output {json}: {e}"))
+}
+
+/// The report read as a person would: the waterfall opens on the requests'
+/// own span (from requests.jsonl, not the page's data) with the session's
+/// axis one click away, a clicked row shows its phases, the columns that
+/// matter in the slowest-requests table fit at 1400 px without scrolling,
+/// and the captions say what the README says TTFT and socket wait are.
+fn check_report_reads_at_a_glance(report: &Path, rows: &[Value], idle_s: f64) {
+    let layout = report_layout(report);
+    let num = |v: &Value| v.as_f64().unwrap_or_else(|| panic!("not a number: {v}"));
+    let starts: Vec<f64> = rows
+        .iter()
+        .map(|r| num(&r["request_start_ns"]) / 1e6)
+        .collect();
+    let ends: Vec<f64> = rows
+        .iter()
+        .map(|r| num(&r["request_start_ns"]) / 1e6 + num(&r["e2e_ms"]))
+        .collect();
+    let first = starts.iter().copied().fold(f64::INFINITY, f64::min);
+    let last = ends.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let requests_ms = last - first;
+    let width = |v: &Value| num(&v["to_ms"]) - num(&v["from_ms"]);
+    let view = &layout["requests"];
+    eprintln!(
+        "[test] report: requests span {requests_ms:.1} ms; waterfall opens on {:.1}–{:.1} ms ({:?}), whole session {:.1} ms",
+        num(&view["from_ms"]),
+        num(&view["to_ms"]),
+        view["ticks"],
+        width(&layout["session"])
+    );
+    assert!(
+        width(view) >= requests_ms - 0.01 && width(view) <= requests_ms * 1.05 + 1.0,
+        "the waterfall's default axis ({} ms wide) should span the requests ({requests_ms:.1} ms)",
+        width(view)
+    );
+    assert!(
+        width(&layout["session"]) >= requests_ms + idle_s * 1000.0,
+        "'Whole session' ({} ms) should show the idle {idle_s} s before the requests too",
+        width(&layout["session"])
+    );
+    let ticks = view["ticks"].as_array().map_or(0, Vec::len);
+    assert!(ticks >= 3, "the zoomed axis has {ticks} tick labels");
+    let detail = layout["detail"].as_str().unwrap_or_default();
+    for part in ["#", "reading", "TTFT", "E2E", "tokens"] {
+        assert!(
+            detail.contains(part),
+            "a clicked row's phases should name {part:?}: {detail}"
+        );
+    }
+    let visible = num(&layout["visible_width"]);
+    let columns = layout["columns"].as_array().expect("columns");
+    for name in [
+        "TTFT",
+        "in the socket",
+        "to first token",
+        "longest gap",
+        "in that gap",
+    ] {
+        let column = columns
+            .iter()
+            .find(|c| c["name"] == name)
+            .unwrap_or_else(|| panic!("no column {name:?} in {columns:?}"));
+        assert!(
+            num(&column["right"]) <= visible,
+            "column {name:?} ends at {} px, past the {visible} px visible without scrolling",
+            column["right"]
+        );
+    }
+    // The README's definitions, and the captions that restate them.
+    let readme = read(&repo_root().join("README.md"));
+    assert!(
+        readme.contains("**Request start is when the request's first byte reached the host**"),
+        "README's definition of the request start moved: update this check and the report's captions"
+    );
+    let captions: Vec<&str> = layout["captions"]
+        .as_array()
+        .expect("captions")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let ttft = captions
+        .iter()
+        .find(|c| c.starts_with("Requests per TTFT bucket"))
+        .expect("the histogram's caption");
+    assert!(
+        ttft.contains("first byte reaching the host"),
+        "the TTFT caption contradicts the README: {ttft}"
+    );
+    for caption in &captions {
+        assert!(
+            !caption.contains("read by the server to the first token"),
+            "a caption still times TTFT from the server's read: {caption}"
+        );
+        if caption.contains("in the socket (") {
+            assert!(
+                caption.contains("arrival at the host → the server's first read")
+                    || caption.contains("arrival → the server's first read"),
+                "socket wait should be arrival at the host → the server's first read: {caption}"
+            );
+        }
+    }
+}
+
 #[test]
 fn progress_lines_parse() {
     assert_eq!(
@@ -407,6 +540,10 @@ fn root_record_session_under_load_then_replay_and_render() {
         ]),
     );
     record.wait_line("tokentrace: ready", Duration::from_secs(60));
+    // Nothing for a while first: the report must open on the requests, not
+    // on the session's empty start.
+    let idle = Duration::from_secs(3);
+    thread::sleep(idle);
 
     // Load: 48 streams, 6 at a time, each 12 tokens (+ a usage chunk).
     let mut run = ClientRun::sse(48, 6, "rec-");
@@ -541,6 +678,7 @@ fn root_record_session_under_load_then_replay_and_render() {
     );
 
     check_report_in_chromium(&out.join("report.html"), &out_root().join("report.png"));
+    check_report_reads_at_a_glance(&out.join("report.html"), &rows, idle.as_secs_f64());
     drop(server);
 }
 

@@ -37,6 +37,9 @@ const SLOW_GAP_FACTOR: u64 = 3;
 /// … and at least this long (ns): sub-5 ms jitter is not slow. (Relative to
 /// the request itself, unlike the explainer's absolute stall threshold.)
 const SLOW_GAP_MIN_NS: u64 = 5_000_000;
+/// Margin of the waterfall's default view on each side of the requests'
+/// span, as a share of that span.
+const REQUESTS_VIEW_PAD: f64 = 0.02;
 
 #[derive(Debug, Serialize)]
 struct Dist {
@@ -93,6 +96,10 @@ struct Row {
     e: f64,
     /// Token ticks, ms from the session start.
     t: Vec<f64>,
+    /// Indexes (into `t`) of the chunks the explainer found late.
+    k: Vec<usize>,
+    /// The late chunks' causes, summed ([`causes`]); empty when none.
+    c: String,
     aborted: bool,
 }
 
@@ -100,7 +107,14 @@ struct Row {
 struct Waterfall {
     total: usize,
     rows: Vec<Row>,
+    /// The whole session's axis, ms.
     span_ms: f64,
+    /// The drawn requests' own span (first arrival → last end, padded by
+    /// [`REQUESTS_VIEW_PAD`] each side, inside the session): the default
+    /// view, so ten requests in one second of an 18 s session are not a
+    /// sliver at one end of the axis.
+    from_ms: f64,
+    to_ms: f64,
 }
 
 /// Where a slow request's time went, from what the session saw.
@@ -126,6 +140,9 @@ struct Breakdown {
     longest_gap_ms: Option<f64>,
     /// Token index after the longest gap.
     longest_gap_at: Option<usize>,
+    /// What the explainer found in the longest gap, when that token was
+    /// late enough to be explained ([`causes`] of its stall).
+    longest_gap_cause: String,
     /// Gaps of at least [`SLOW_GAP_FACTOR`] × the median gap and
     /// [`SLOW_GAP_MIN_NS`]: how many, and their total.
     slow_gaps: usize,
@@ -241,6 +258,36 @@ fn causes(stalls: &[Stall]) -> String {
         .join(" · ")
 }
 
+/// Chunk indexes with a stall, in order, each once.
+fn late_chunks(t: &RequestTimeline) -> Vec<usize> {
+    let mut late: Vec<usize> = t
+        .stalls
+        .iter()
+        .map(|s| s.chunk)
+        .filter(|&c| c < t.chunk_ts.len())
+        .collect();
+    late.sort_unstable();
+    late.dedup();
+    late
+}
+
+/// The waterfall's default view: the rows' first arrival to their last
+/// end, padded, within `[0, span_ms]`; the whole session when no row
+/// spans any time.
+fn requests_view(rows: &[Row], span_ms: f64) -> (f64, f64) {
+    let first = rows.iter().map(|r| r.s).fold(f64::INFINITY, f64::min);
+    let last = rows.iter().map(|r| r.e).fold(f64::NEG_INFINITY, f64::max);
+    if rows.is_empty() || last <= first {
+        return (0.0, span_ms);
+    }
+    let pad = (last - first) * REQUESTS_VIEW_PAD;
+    let round = |v: f64| (v * 1e3).round() / 1e3;
+    (
+        round((first - pad).max(0.0)),
+        round((last + pad).min(span_ms)),
+    )
+}
+
 fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Breakdown {
     let first = first_token(t);
     let gaps = &t.stats().itl_ns;
@@ -271,6 +318,12 @@ fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Br
         stream_ms: first.map(|f| ms(t.end.saturating_sub(f))),
         longest_gap_ms: longest.map(|(_, g)| ms(g)),
         longest_gap_at: longest.map(|(i, _)| i),
+        longest_gap_cause: longest
+            .map(|(i, _)| {
+                let late: Vec<Stall> = t.stalls.iter().filter(|s| s.chunk == i).cloned().collect();
+                causes(&late)
+            })
+            .unwrap_or_default(),
         slow_gaps: slow.len(),
         slow_gap_ms: ms(slow.iter().sum()),
         cpu_samples,
@@ -338,6 +391,8 @@ fn data(rec: &Recording) -> Data {
                 f: first_token(t).map(off),
                 e: off(t.end),
                 t: t.chunk_ts.iter().map(|&c| off(c)).collect(),
+                k: late_chunks(t),
+                c: causes(&t.stalls),
                 aborted: t.aborted,
             }
         })
@@ -346,6 +401,7 @@ fn data(rec: &Recording) -> Data {
         .iter()
         .map(|r| r.e)
         .fold(ms(meta.duration_ns()), f64::max);
+    let (from_ms, to_ms) = requests_view(&rows, span_ms);
     let mut slow: Vec<usize> = (0..rec.timelines.len()).collect();
     slow.sort_by_key(|&i| {
         let t = &rec.timelines[i];
@@ -372,6 +428,8 @@ fn data(rec: &Recording) -> Data {
             total: rec.timelines.len(),
             rows,
             span_ms,
+            from_ms,
+            to_ms,
         },
         slowest,
         cpu_samples: rec.profile.as_ref().map(|p| p.samples.len()),
@@ -469,6 +527,72 @@ mod tests {
         assert_eq!(d.summary.rows[0].p50, Some(50.0));
         assert_eq!(d.waterfall.rows[0].t.len(), 3);
         assert_eq!(d.waterfall.rows[1].s, 500.0);
+    }
+
+    #[test]
+    fn waterfall_opens_on_the_requests_not_the_session() {
+        let mut rec = recording();
+        rec.meta.ended_ns += 60_000_000_000; // a minute of nothing after them
+        let w = data(&rec).waterfall;
+        let first = w.rows.iter().map(|r| r.s).fold(f64::INFINITY, f64::min);
+        let last = w.rows.iter().map(|r| r.e).fold(0.0, f64::max);
+        let pad = (last - first) * REQUESTS_VIEW_PAD;
+        assert!(
+            (w.from_ms - (first - pad)).abs() < 1e-3,
+            "{} vs {first}",
+            w.from_ms
+        );
+        assert!(
+            (w.to_ms - (last + pad)).abs() < 1e-3,
+            "{} vs {last}",
+            w.to_ms
+        );
+        assert!(
+            w.span_ms > 60_000.0,
+            "the session's axis stays one click away"
+        );
+        assert_eq!(requests_view(&[], 5.0), (0.0, 5.0), "no rows: the session");
+    }
+
+    #[test]
+    fn late_chunks_and_the_longest_gaps_cause_are_named() {
+        let mut rec = recording();
+        let t = &mut rec.timelines[1];
+        let last = t.chunk_ts.len() - 1;
+        t.chunk_ts[last] += 100_000_000;
+        t.end += 100_000_000;
+        t.stalls.push(Stall {
+            chunk: last,
+            gap_ms: 110.0,
+            off_cpu_ms: 100.0,
+            off_cpu_reason: Some("futex".into()),
+            unexplained_ms: 10.0,
+            ..Stall::default()
+        });
+        let d = data(&rec);
+        let row = &d.waterfall.rows[1];
+        assert_eq!(
+            row.k,
+            vec![0, last],
+            "the first token (50 ms TTFT) and the stalled one"
+        );
+        assert!(row.c.starts_with("off-CPU (futex) 100.0 ms"), "{}", row.c);
+        let b = d
+            .slowest
+            .iter()
+            .find(|b| b.label.starts_with("#2"))
+            .expect("#2");
+        assert_eq!(b.longest_gap_at, Some(last));
+        assert_eq!(
+            b.longest_gap_cause,
+            "off-CPU (futex) 100.0 ms · unexplained 10.0 ms"
+        );
+        let a = d
+            .slowest
+            .iter()
+            .find(|b| b.label.starts_with("#1"))
+            .expect("#1");
+        assert_eq!(a.longest_gap_cause, "", "no stall on its longest gap");
     }
 
     #[test]

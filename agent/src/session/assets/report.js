@@ -133,42 +133,104 @@
   }
 
   // ---- waterfall
+  // Opens on the requests' own span (computed by the agent: wf.from_ms →
+  // wf.to_ms); "Whole session" puts them back on the session's axis.
   const wf = data.waterfall;
   const wfDiv = document.getElementById("waterfall");
+  const detail = document.getElementById("waterfall-detail");
   if (wf.total > wf.rows.length) {
     const note = document.getElementById("waterfall-note");
     note.textContent = `Showing the first ${wf.rows.length} of ${wf.total} requests; the files have them all.`;
     note.hidden = false;
   }
-  if (wf.rows.length === 0) {
-    wfDiv.appendChild(el("p", { class: "muted" }, "No requests were seen during the session."));
-  } else {
+  // Seconds with as many decimals as the tick step needs.
+  function seconds(ms, stepMs) {
+    const decimals = Math.min(4, Math.max(0, -Math.floor(Math.log10(stepMs / 1000) + 1e-9)));
+    return (ms / 1000).toFixed(decimals) + " s";
+  }
+  function phases(r) {
+    const parts = [];
+    if (r.rd > r.s) parts.push(["in the socket", r.rd - r.s]);
+    parts.push(["reading", r.r - r.rd]);
+    if (r.f !== null) {
+      parts.push(["to first token", r.f - r.r]);
+      parts.push(["streaming", r.e - r.f]);
+    } else {
+      parts.push([r.aborted ? "until aborted" : "to the end", r.e - r.r]);
+    }
+    return parts;
+  }
+  function showDetail(r) {
+    detail.textContent = "";
+    detail.appendChild(el("b", {}, r.label));
+    const line = [`arrived +${seconds(r.s, 1)}`]
+      .concat(phases(r).map(([name, ms]) => `${name} ${fmt(ms, "ms")}`))
+      .concat([`TTFT ${r.f === null ? "–" : fmt(r.f - r.s, "ms")}`, `E2E ${fmt(r.e - r.s, "ms")}`, `${r.t.length} tokens`]);
+    if (r.aborted) line.push("aborted");
+    detail.appendChild(el("div", {}, line.join(" · ")));
+    detail.appendChild(
+      el("div", {}, r.k.length ? `late tokens (#${r.k.map((i) => i + 1).join(", #")}): ${r.c || "cause not seen"}` : "no late tokens")
+    );
+  }
+  function drawWaterfall(from, to) {
+    wfDiv.textContent = "";
     const W = 1000, rowH = 14, L = 8, top = 6, axis = 22;
     const H = top + wf.rows.length * rowH + axis;
-    const span = Math.max(wf.span_ms, 1e-3);
-    const x = (t) => L + ((W - 2 * L) * Math.max(t, 0)) / span;
-    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img" });
+    const span = Math.max(to - from, 1e-3);
+    const x = (t) => L + ((W - 2 * L) * Math.min(Math.max(t - from, 0), span)) / span;
+    const svg = svgEl("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "data-from-ms": from, "data-to-ms": to });
+    let selected = null;
     wf.rows.forEach((r, i) => {
       const y = top + i * rowH;
-      const g = svgEl("g", {}, `${r.label}\nstart +${fmt(r.s)} ms · in the socket ${fmt(r.rd - r.s)} ms · TTFT ${r.f === null ? "–" : fmt(r.f - r.s) + " ms"} · E2E ${fmt(r.e - r.s)} ms · ${r.t.length} tokens${r.aborted ? " · aborted" : ""}`);
+      const g = svgEl("g", { class: "row" }, `${r.label}\n` + phases(r).map(([name, ms]) => `${name} ${fmt(ms, "ms")}`).join(" · "));
       const seg = (cls, a, b) =>
         g.appendChild(svgEl("rect", { class: cls, x: x(a), y: y + 2, width: Math.max(x(b) - x(a), 0.75), height: rowH - 4 }));
       if (r.rd > r.s) seg("socket", r.s, r.rd);
       seg("receive", r.rd, r.r);
       seg(r.f === null && r.aborted ? "aborted" : "wait", r.r, r.f === null ? r.e : r.f);
       if (r.f !== null) seg(r.aborted ? "aborted" : "stream", r.f, r.e);
-      r.t.forEach((t) => g.appendChild(svgEl("line", { class: "tick", x1: x(t), x2: x(t), y1: y + 1, y2: y + rowH - 1 })));
+      const late = new Set(r.k);
+      r.t.forEach((t, j) =>
+        g.appendChild(svgEl("line", { class: late.has(j) ? "tick late" : "tick", x1: x(t), x2: x(t), y1: y + 1, y2: y + rowH - 1 }))
+      );
+      g.addEventListener("mouseenter", () => selected === null && showDetail(r));
+      g.addEventListener("click", () => {
+        if (selected) selected.classList.remove("selected");
+        selected = selected === g ? null : g;
+        if (selected) selected.classList.add("selected");
+        showDetail(r);
+      });
       svg.appendChild(g);
     });
     const base = top + wf.rows.length * rowH;
     svg.appendChild(svgEl("line", { class: "axis", x1: L, x2: W - L, y1: base, y2: base }));
     const xs = step(span, 10);
-    for (let v = 0; v <= span + 1e-9; v += xs) {
-      const t = svgEl("text", { x: x(v), y: base + 15, "text-anchor": "middle" });
-      t.textContent = fmt(v / 1000) + " s";
+    for (let v = Math.ceil(from / xs - 1e-9) * xs; v <= to + 1e-9; v += xs) {
+      // labels at the ends stay inside the chart
+      const anchor = x(v) < L + 24 ? "start" : x(v) > W - L - 24 ? "end" : "middle";
+      const t = svgEl("text", { x: x(v), y: base + 15, "text-anchor": anchor });
+      t.textContent = seconds(v, xs);
       svg.appendChild(t);
     }
     wfDiv.appendChild(svg);
+    document.getElementById("view-range").textContent =
+      `${seconds(from, xs)} – ${seconds(to, xs)} of the session's ${seconds(wf.span_ms, 1000)}`;
+  }
+  if (wf.rows.length === 0) {
+    wfDiv.appendChild(el("p", { class: "muted" }, "No requests were seen during the session."));
+    document.querySelector(".toolbar").hidden = true;
+    detail.hidden = true;
+  } else {
+    const buttons = { requests: document.getElementById("view-requests"), session: document.getElementById("view-session") };
+    const view = (which) => {
+      buttons.requests.setAttribute("aria-pressed", String(which === "requests"));
+      buttons.session.setAttribute("aria-pressed", String(which === "session"));
+      if (which === "requests") drawWaterfall(wf.from_ms, wf.to_ms);
+      else drawWaterfall(0, wf.span_ms);
+    };
+    buttons.requests.addEventListener("click", () => view("requests"));
+    buttons.session.addEventListener("click", () => view("session"));
+    view("requests");
   }
 
   // ---- slowest requests
@@ -180,26 +242,27 @@
     slow.appendChild(scroll);
     scroll.appendChild(
       table(
-        ["request", "TTFT", "E2E", "tokens", "late-token causes", "longest gap", "slow gaps", "slow gap time", "accept wait", "TLS handshake", "socket wait", "receive", "to first token", "stream", "CPU samples", "aborted"],
+        ["request", "TTFT", "in the socket", "to first token", "longest gap", "in that gap", "late-token causes", "E2E", "tokens", "stream", "receive", "accept wait", "TLS handshake", "slow gaps", "slow gap time", "CPU samples", "aborted"],
         data.slowest.map((b) => [
           b.label,
           fmt(b.ttft_ms, "ms"),
+          fmt(b.socket_wait_ms, "ms"),
+          fmt(b.wait_ms, "ms"),
+          b.longest_gap_ms === null ? "–" : `${fmt(b.longest_gap_ms, "ms")} (before #${b.longest_gap_at + 1})`,
+          b.longest_gap_cause || "–",
+          b.causes || "–",
           fmt(b.e2e_ms, "ms"),
           b.chunks,
-          b.causes || "–",
-          b.longest_gap_ms === null ? "–" : `${fmt(b.longest_gap_ms, "ms")} (before #${b.longest_gap_at})`,
-          b.slow_gaps,
-          fmt(b.slow_gap_ms, "ms"),
+          fmt(b.stream_ms, "ms"),
+          fmt(b.receive_ms, "ms"),
           fmt(b.accept_wait_ms, "ms"),
           fmt(b.tls_handshake_ms, "ms"),
-          fmt(b.socket_wait_ms, "ms"),
-          fmt(b.receive_ms, "ms"),
-          fmt(b.wait_ms, "ms"),
-          fmt(b.stream_ms, "ms"),
+          b.slow_gaps,
+          fmt(b.slow_gap_ms, "ms"),
           b.cpu_samples === null ? "–" : b.cpu_samples,
           b.abort_reason || "",
         ]),
-        [4]
+        [5, 6]
       )
     );
   }
