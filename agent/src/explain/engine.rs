@@ -6,7 +6,7 @@
 use super::{Explainer, RequestMarks};
 use crate::event::MonoNs;
 use crate::model::EngineView;
-use crate::stitch::RequestTimeline;
+use crate::model::RequestTimeline;
 use crate::units::ms;
 
 /// Schedulings and preemptions kept per request: a request thrashing in

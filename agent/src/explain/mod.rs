@@ -16,10 +16,10 @@ use std::cell::OnceCell;
 
 use foldhash::{HashMap, HashSet};
 
-pub use crate::model::{EngineView, Stall};
+use crate::model::Stall;
 
 use crate::event::{ConnId, Direction, Event, LlmProbe, MonoNs};
-use crate::stitch::RequestTimeline;
+use crate::model::RequestTimeline;
 use crate::units::ms;
 use history::{Ends, History};
 use intervals::Intervals;

@@ -6,7 +6,7 @@ use crate::event::{
     ConnEvent, CudaSyncCall, CudaSyncEvent, DataEvent, IoCall, OffCpuEvent, SendHoldEvent,
     TcpSendState, UsdtEvent,
 };
-use crate::stitch::{BodyKind, RequestTimeline};
+use crate::model::{BodyKind, RequestTimeline};
 
 const MS: u64 = 1_000_000;
 const FRONTEND: u32 = 10;
@@ -334,7 +334,7 @@ fn an_http2_flow_control_wait_is_its_own_cause_before_off_cpu() {
         ex.observe(&e);
     }
     let mut t = timeline(&[1230, 1240, 1350]);
-    t.protocol = crate::stitch::Protocol::H2;
+    t.protocol = crate::model::Protocol::H2;
     t.flow_control_waits = vec![(1245 * MS, 1330 * MS)];
     let stalls = ex.explain(&t);
     let late = stalls

@@ -20,8 +20,8 @@ use std::collections::BTreeMap;
 use super::series::{Capped, RouteKey};
 use super::spans::{error_type, operation_name};
 use super::stalls::{self, StallCause};
+use crate::model::RequestTimeline;
 use crate::model::{OpenRequest, Phase};
-use crate::stitch::RequestTimeline;
 
 /// Bucket bounds (seconds) of `gen_ai.server.time_to_first_token`: 1 ms
 /// steps where interactive TTFT lives, then coarser up to a minute.
@@ -376,7 +376,7 @@ impl Metrics {
         };
         self.requests += 1;
         let max = self.max_series;
-        if t.abort_reason == Some(crate::stitch::AbortReason::ClientClosed) {
+        if t.abort_reason == Some(crate::model::AbortReason::ClientClosed) {
             *self.cancellations.slot(route.clone(), max, || 0) += 1;
         }
         let secs = |ns: u64| ns as f64 / 1e9;
@@ -693,7 +693,7 @@ pub(crate) mod tests {
 
     #[test]
     fn client_cancellations_are_counted_by_route_and_model() {
-        use crate::stitch::AbortReason;
+        use crate::model::AbortReason;
         let mut m = Metrics::new(2, 0);
         let mut t = crate::export::spans::tests::sse();
         t.aborted = true;

@@ -56,7 +56,7 @@ pub use clock::WallClock;
 pub use context::{IdGenerator, RemoteParent};
 pub use error::ExportError;
 pub use metrics::AgentCounters;
-pub use otlp::Protocol;
+pub use otlp::OtlpProtocol;
 pub use route::normalise as normalise_route;
 pub use sampling::{Sampling, SamplingConfig};
 pub use settings::{resolve, ExportArgs, ExportConfig, ExportSettings};
@@ -75,7 +75,7 @@ use spans::{trace_spans, Trace};
 use crate::event::MonoNs;
 use crate::model::Firing;
 use crate::model::OpenRequest;
-use crate::stitch::RequestTimeline;
+use crate::model::RequestTimeline;
 
 /// The wall-clock offset is measured again when a timeline ends this long
 /// after the last measurement, to follow steps of the system clock.

@@ -49,7 +49,7 @@ const MAX_RESPONSE_BYTES: usize = 64 * 1024;
 
 /// OTLP wire protocol.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
-pub enum Protocol {
+pub enum OtlpProtocol {
     /// OTLP/gRPC (default port 4317).
     #[value(name = "grpc")]
     #[serde(rename = "grpc")]
@@ -69,23 +69,23 @@ pub enum ProtocolError {
     Unknown(String),
 }
 
-impl Protocol {
+impl OtlpProtocol {
     /// Parses the `OTEL_EXPORTER_OTLP_*PROTOCOL` values.
     pub fn from_env_value(value: &str) -> Result<Self, ProtocolError> {
         match value.trim() {
-            "grpc" => Ok(Protocol::Grpc),
-            "http/protobuf" | "http" => Ok(Protocol::HttpProtobuf),
+            "grpc" => Ok(OtlpProtocol::Grpc),
+            "http/protobuf" | "http" => Ok(OtlpProtocol::HttpProtobuf),
             "http/json" => Err(ProtocolError::Json),
             other => Err(ProtocolError::Unknown(other.to_string())),
         }
     }
 }
 
-impl fmt::Display for Protocol {
+impl fmt::Display for OtlpProtocol {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Protocol::Grpc => "grpc",
-            Protocol::HttpProtobuf => "http/protobuf",
+            OtlpProtocol::Grpc => "grpc",
+            OtlpProtocol::HttpProtobuf => "http/protobuf",
         })
     }
 }
@@ -93,7 +93,7 @@ impl fmt::Display for Protocol {
 /// Where and how one signal is sent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Target {
-    pub protocol: Protocol,
+    pub protocol: OtlpProtocol,
     /// gRPC: the collector's base URL. HTTP: the full URL to POST to.
     pub url: String,
     pub headers: HeaderMap,
@@ -264,7 +264,7 @@ impl OtlpClient {
 /// HTTP client with its own (empty) connection pool.
 fn transport(target: &Target) -> Result<Transport, ExportError> {
     Ok(match target.protocol {
-        Protocol::Grpc => {
+        OtlpProtocol::Grpc => {
             let endpoint = Endpoint::from_shared(target.url.clone())
                 .map_err(|source| ExportError::GrpcEndpoint {
                     url: target.url.clone(),
@@ -278,7 +278,7 @@ fn transport(target: &Target) -> Result<Transport, ExportError> {
                 headers: target.headers.clone(),
             }
         }
-        Protocol::HttpProtobuf => {
+        OtlpProtocol::HttpProtobuf => {
             let uri: Uri = target
                 .url
                 .parse()
@@ -480,12 +480,12 @@ mod tests {
 
     #[test]
     fn protocols_and_headers_parse() {
-        assert_eq!(Protocol::from_env_value("grpc"), Ok(Protocol::Grpc));
+        assert_eq!(OtlpProtocol::from_env_value("grpc"), Ok(OtlpProtocol::Grpc));
         assert_eq!(
-            Protocol::from_env_value(" http/protobuf "),
-            Ok(Protocol::HttpProtobuf)
+            OtlpProtocol::from_env_value(" http/protobuf "),
+            Ok(OtlpProtocol::HttpProtobuf)
         );
-        assert!(Protocol::from_env_value("http/json")
+        assert!(OtlpProtocol::from_env_value("http/json")
             .expect_err("unsupported")
             .to_string()
             .contains("not supported"));
@@ -510,7 +510,7 @@ mod tests {
             .expect("free port")
             .port();
         let target = Target {
-            protocol: Protocol::HttpProtobuf,
+            protocol: OtlpProtocol::HttpProtobuf,
             url: format!("http://127.0.0.1:{port}/v1/traces"),
             headers: HeaderMap::new(),
             timeout: Duration::from_secs(2),
@@ -523,7 +523,7 @@ mod tests {
         assert!(matches!(err, SendError::Retryable { .. }), "{err}");
 
         let grpc = OtlpClient::new(&Target {
-            protocol: Protocol::Grpc,
+            protocol: OtlpProtocol::Grpc,
             url: format!("http://127.0.0.1:{port}"),
             ..target
         })

@@ -383,7 +383,7 @@ mod tests {
         }
         let mut t = crate::export::spans::tests::sse();
         t.aborted = true;
-        t.abort_reason = Some(crate::stitch::AbortReason::ClientClosed);
+        t.abort_reason = Some(crate::model::AbortReason::ClientClosed);
         t.read_start = t.request_start + 1;
         t.stalls = vec![crate::model::Stall {
             chunk: 3,

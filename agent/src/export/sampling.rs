@@ -22,7 +22,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::error::ExportError;
-use crate::stitch::{AbortReason, RequestTimeline};
+use crate::model::{AbortReason, RequestTimeline};
 
 /// The span attribute that says why a request's spans were kept.
 pub const REASON_ATTRIBUTE: &str = "tokentrace.sampling.reason";

@@ -13,7 +13,7 @@
 use std::collections::BTreeMap;
 
 use super::route;
-use crate::stitch::RequestTimeline;
+use crate::model::RequestTimeline;
 
 /// Service, route and model of a request: the labels of the request-level
 /// counters and gauges.

@@ -15,7 +15,7 @@ use hyper::http::HeaderMap;
 use serde::Deserialize;
 
 use super::error::ExportError;
-use super::otlp::{insert_header, parse_headers, Protocol, Target};
+use super::otlp::{insert_header, parse_headers, OtlpProtocol, Target};
 use super::resource::{host_name, parse_resource_attributes, ResourceRules};
 use super::retry::RetryPolicy;
 use super::sampling::{Sampling, SamplingConfig};
@@ -66,7 +66,7 @@ pub struct OtlpConfig {
     /// Collector URL (`--otlp-endpoint`, `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub endpoint: Option<String>,
     /// `grpc` or `http/protobuf` (`--otlp-protocol`).
-    pub protocol: Option<Protocol>,
+    pub protocol: Option<OtlpProtocol>,
     pub headers: BTreeMap<String, String>,
     #[serde(with = "humantime_serde")]
     pub timeout: Option<Duration>,
@@ -117,7 +117,7 @@ pub struct ExportArgs {
 
     /// OTLP protocol [default: OTEL_EXPORTER_OTLP_PROTOCOL, else http/protobuf].
     #[arg(long, value_enum, env = "TOKENTRACE_OTLP_PROTOCOL")]
-    pub otlp_protocol: Option<Protocol>,
+    pub otlp_protocol: Option<OtlpProtocol>,
 
     /// Serve Prometheus metrics at http://ADDR/metrics, e.g. 0.0.0.0:9464.
     #[arg(long, env = "TOKENTRACE_METRICS_ADDR")]
@@ -255,9 +255,9 @@ fn resolve_target(
                 env("OTEL_EXPORTER_OTLP_PROTOCOL")
                     .map(|v| ("OTEL_EXPORTER_OTLP_PROTOCOL".to_string(), v))
             }) {
-            Some((var, v)) => Protocol::from_env_value(&v)
+            Some((var, v)) => OtlpProtocol::from_env_value(&v)
                 .map_err(|source| ExportError::Protocol { var, source })?,
-            None => Protocol::HttpProtobuf,
+            None => OtlpProtocol::HttpProtobuf,
         },
     };
 
@@ -276,7 +276,7 @@ fn resolve_target(
         return Ok(None);
     };
     let url = match protocol {
-        Protocol::HttpProtobuf if is_base => append_path(&url, signal.http_path()),
+        OtlpProtocol::HttpProtobuf if is_base => append_path(&url, signal.http_path()),
         _ => url,
     };
 
@@ -468,7 +468,7 @@ mod tests {
         )
         .expect("valid");
         let traces = s.traces.expect("traces on");
-        assert_eq!(traces.protocol, Protocol::HttpProtobuf);
+        assert_eq!(traces.protocol, OtlpProtocol::HttpProtobuf);
         assert_eq!(traces.url, "http://collector:4318/v1/traces");
         assert_eq!(
             traces.headers.get("x-tenant").and_then(|v| v.to_str().ok()),
@@ -517,7 +517,7 @@ mod tests {
     fn flags_beat_the_file_which_beats_the_environment() {
         let mut config = ExportConfig::default();
         config.otlp.endpoint = Some("file-host:4317".into());
-        config.otlp.protocol = Some(Protocol::Grpc);
+        config.otlp.protocol = Some(OtlpProtocol::Grpc);
         config.service_name = Some("from-file".into());
         let env = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://env:4318"),
@@ -527,13 +527,13 @@ mod tests {
         let t = s.traces.expect("on");
         assert_eq!(
             (t.protocol, t.url.as_str()),
-            (Protocol::Grpc, "http://file-host:4317")
+            (OtlpProtocol::Grpc, "http://file-host:4317")
         );
         assert_eq!(s.resource.service_name.as_deref(), Some("from-file"));
 
         let args = ExportArgs {
             otlp_endpoint: Some("http://cli:4318".into()),
-            otlp_protocol: Some(Protocol::HttpProtobuf),
+            otlp_protocol: Some(OtlpProtocol::HttpProtobuf),
             metrics_addr: Some("127.0.0.1:9464".parse().expect("addr")),
             service_name: Some("from-cli".into()),
         };
@@ -541,7 +541,7 @@ mod tests {
         let t = s.traces.expect("on");
         assert_eq!(
             (t.protocol, t.url.as_str()),
-            (Protocol::HttpProtobuf, "http://cli:4318/v1/traces")
+            (OtlpProtocol::HttpProtobuf, "http://cli:4318/v1/traces")
         );
         assert_eq!(s.resource.service_name.as_deref(), Some("from-cli"));
         assert_eq!(s.prometheus_addr, args.metrics_addr);

@@ -31,8 +31,8 @@ use super::clock::WallClock;
 use super::context::{IdGenerator, RemoteParent};
 use super::resource::{kv_bool, kv_f64, kv_int, kv_str, kv_str_array};
 use crate::event::MonoNs;
+use crate::model::{Protocol, RequestTimeline};
 use crate::output::JsonTimeline;
-use crate::stitch::{Protocol, RequestTimeline};
 use crate::units::ms;
 
 /// `SpanFlags`: the span's flags say whether its parent is remote.
@@ -422,7 +422,7 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
     if let Some(reason) = j.abort_reason.and_then(|r| serde_plain::to_string(&r).ok()) {
         a.push(kv_str("tokentrace.abort_reason", reason));
     }
-    if j.abort_reason == Some(crate::stitch::AbortReason::ClientClosed) {
+    if j.abort_reason == Some(crate::model::AbortReason::ClientClosed) {
         a.push(kv_int(
             "tokentrace.chunks_after_client_closed",
             i64::from(j.chunks_after_client_closed),

@@ -7,10 +7,11 @@ use super::alloc_meter::peak_growth;
 use super::{fuzz, seeds};
 use crate::event::{ConnEvent, ConnId, DataEvent, Direction, Event, IoCall};
 use crate::ingest::decode;
+use crate::model::RequestTimeline;
 use crate::output::OutputFormat;
 use crate::pipeline::Pipeline;
 use crate::run::RecordReplay;
-use crate::stitch::{RequestTimeline, StitchConfig, Stitcher};
+use crate::stitch::{StitchConfig, Stitcher};
 
 /// One change to a seed: at `at` (scaled to the input), `op` with `byte`.
 #[derive(Debug, Clone)]

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::stitch::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
+use crate::model::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
 use crate::units::ms;
 
 #[derive(Debug, Serialize)]

@@ -11,7 +11,8 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::event::Event;
-use crate::stitch::{RequestTimeline, StitchStats};
+use crate::model::RequestTimeline;
+use crate::stitch::StitchStats;
 use crate::units::ms;
 
 /// Largest latency kept exactly; longer ones count as this (an hour-long

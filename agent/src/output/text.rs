@@ -1,7 +1,7 @@
 //! The default output: one readable line per request.
 
 use crate::model::{EngineView, Stall};
-use crate::stitch::{Protocol, RequestTimeline};
+use crate::model::{Protocol, RequestTimeline};
 use crate::units::ms;
 
 fn fmt_ms(ns: Option<u64>) -> String {
@@ -127,7 +127,7 @@ pub fn text_line(t: &RequestTimeline) -> String {
 mod tests {
     use super::*;
     use crate::event::ConnId;
-    use crate::stitch::BodyKind;
+    use crate::model::BodyKind;
 
     #[test]
     fn line_names_the_worst_stall_and_its_main_cause() {

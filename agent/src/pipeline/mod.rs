@@ -22,7 +22,8 @@ use crate::discover::{Change, Tracker};
 use crate::event::{Event, MonoNs};
 use crate::explain::Explainer;
 use crate::model::OpenRequest;
-use crate::stitch::{RequestTimeline, StitchConfig, StitchStats, Stitcher};
+use crate::model::RequestTimeline;
+use crate::stitch::{StitchConfig, StitchStats, Stitcher};
 
 /// What the probes must do about the traced processes, in the order the
 /// events that call for it came.

@@ -8,7 +8,8 @@ use crate::discover::{EndpointMatcher, Selector, Tracker};
 use crate::event::{
     ConnEvent, ConnId, DataEvent, Direction, Event, IoCall, ListenEvent, ProcEvent,
 };
-use crate::stitch::{RequestTimeline, StitchConfig};
+use crate::model::RequestTimeline;
+use crate::stitch::StitchConfig;
 
 const AGENT_PID: u32 = 1;
 

@@ -8,8 +8,8 @@ use std::io::{self, Write};
 
 use crate::event::MonoNs;
 use crate::ingest::decode;
+use crate::model::RequestTimeline;
 use crate::output::{OutputFormat, RunSummary};
-use crate::stitch::RequestTimeline;
 
 use crate::pipeline::Pipeline;
 

@@ -9,10 +9,10 @@ use std::sync::atomic::Ordering;
 
 use crate::event::{Event, MonoNs};
 use crate::export::{AgentCounters, Exporter};
+use crate::model::RequestTimeline;
 use crate::output::{OutputFormat, RunSummary};
 use crate::pipeline::Pipeline;
 use crate::session::SessionHub;
-use crate::stitch::RequestTimeline;
 use crate::trigger::Triggers;
 use crate::units::monotonic_now;
 

@@ -22,8 +22,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CudaSyncCall, Direction, Event, IoCall, LlmProbe, MonoNs};
+use crate::model::RequestTimeline;
 use crate::pipeline::Pipeline;
-use crate::stitch::{RequestTimeline, StitchConfig, StitchStats};
+use crate::stitch::{StitchConfig, StitchStats};
 
 /// Slices (syscalls, off-CPU intervals, CUDA syncs, send-queue holds) and
 /// marks kept for the per-thread tracks of `trace.json`. Past it they are

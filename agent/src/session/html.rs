@@ -16,8 +16,8 @@ use serde::Serialize;
 use super::core::{Profile, Recording};
 use super::csv::rfc3339;
 use super::perfetto::request_label;
+use crate::model::RequestTimeline;
 use crate::model::Stall;
-use crate::stitch::RequestTimeline;
 use crate::units::{ms, percentile};
 
 const TEMPLATE: &str = include_str!("assets/report.html");

@@ -1,8 +1,8 @@
 //! `requests.jsonl`: one JSON object per request, the same object
 //! `tokentrace run --output json` prints (one schema for users' scripts).
 
+use crate::model::RequestTimeline;
 use crate::output::JsonTimeline;
-use crate::stitch::RequestTimeline;
 
 pub fn render(timelines: &[RequestTimeline]) -> String {
     let mut out = String::new();

@@ -22,8 +22,8 @@ use serde_json::{json, Value};
 use super::core::{Recording, SliceKind};
 use super::csv::rfc3339;
 use crate::event::{Direction, IoCall, MonoNs};
+use crate::model::RequestTimeline;
 use crate::model::Stall;
-use crate::stitch::RequestTimeline;
 use crate::units::ms;
 
 /// Process id of the synthetic "Requests" process. Above any real pid

@@ -38,13 +38,13 @@ use serde::Serialize;
 
 use crate::event::{Event, MonoNs};
 
-pub use crate::model::timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
 pub use h2::{FrameError, MAX_STREAMS as H2_MAX_STREAMS};
 pub use http::HeadError;
 
 use crate::model::timeline;
+use crate::model::RequestTimeline;
 
 use sink::Sink;
 use table::Connections;

@@ -9,6 +9,7 @@ use super::*;
 use crate::event::{
     ConnEvent, ConnId, DataEvent, Direction, IoCall, ListenEvent, ProcEvent, SockAddrs,
 };
+use crate::model::{AbortReason, BodyKind, RequestTimeline, Usage};
 
 const PID: u32 = 4242;
 const COMM: &str = "vllm";

@@ -6,7 +6,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use super::*;
 use crate::event::{ConnId, SockAddrs};
 use crate::export::context::hex;
-use crate::stitch::{AbortReason, BodyKind, Usage};
+use crate::model::{AbortReason, BodyKind, Usage};
 
 const MS: u64 = 1_000_000;
 /// Monotonic 1000 s ↔ Unix 1_700_000_000 s.
@@ -420,7 +420,7 @@ fn operation_names_follow_the_endpoint() {
 #[test]
 fn grpc_streams_carry_rpc_attributes_and_failed_calls_are_errors() {
     let mut t = sse();
-    t.protocol = crate::stitch::Protocol::Grpc;
+    t.protocol = crate::model::Protocol::Grpc;
     t.stream_id = Some(7);
     t.path = "/tokentrace.test.Streamer/Generate".into();
     t.body_kind = Some(BodyKind::Grpc);

@@ -1,9 +1,10 @@
 use super::*;
 use crate::ingest::decode;
+use crate::model::{BodyKind, RequestTimeline};
 use crate::output::OutputFormat;
 use crate::pipeline::Pipeline;
 use crate::run::RecordReplay;
-use crate::stitch::{BodyKind, RequestTimeline, StitchConfig};
+use crate::stitch::StitchConfig;
 
 const THRESHOLD_NS: u64 = 30_000_000;
 

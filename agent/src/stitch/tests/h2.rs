@@ -4,6 +4,7 @@
 
 use super::*;
 use crate::fuzz::seeds::{grpc_message, h2_frame as frame, hpack_literals};
+use crate::model::Protocol;
 
 const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 const DATA: u8 = 0;
