@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 
 use thiserror::Error;
 
-use super::otlp::{HeaderError, ProtocolError};
+use hyper::http::HeaderName;
+
 use super::resource::AttributeError;
 
 #[derive(Debug, Error)]
@@ -60,6 +61,27 @@ pub enum ExportError {
         #[source]
         source: hyper::http::uri::InvalidUri,
     },
+}
+
+/// An `OTEL_EXPORTER_OTLP_*PROTOCOL` value this build cannot send with.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ProtocolError {
+    #[error("OTLP http/json is not supported: use grpc or http/protobuf")]
+    Json,
+    #[error("unknown OTLP protocol {0:?}: use grpc or http/protobuf")]
+    Unknown(String),
+}
+
+/// A header list entry that is not a valid HTTP header. The value itself
+/// is never shown: it may be a credential.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum HeaderError {
+    #[error(transparent)]
+    Entry(#[from] AttributeError),
+    #[error("{0:?} is not a valid header name")]
+    Name(String),
+    #[error("the value of header {0} is not valid")]
+    Value(HeaderName),
 }
 
 #[cfg(test)]

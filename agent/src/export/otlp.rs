@@ -40,8 +40,7 @@ use prost::Message;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
-use super::error::ExportError;
-use super::resource::AttributeError;
+use super::error::{ExportError, HeaderError, ProtocolError};
 
 /// Most bytes of an HTTP response body read (it only carries a
 /// partial-success message).
@@ -58,15 +57,6 @@ pub enum OtlpProtocol {
     #[value(name = "http", alias = "http/protobuf")]
     #[serde(rename = "http/protobuf", alias = "http")]
     HttpProtobuf,
-}
-
-/// An `OTEL_EXPORTER_OTLP_*PROTOCOL` value this build cannot send with.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ProtocolError {
-    #[error("OTLP http/json is not supported: use grpc or http/protobuf")]
-    Json,
-    #[error("unknown OTLP protocol {0:?}: use grpc or http/protobuf")]
-    Unknown(String),
 }
 
 impl OtlpProtocol {
@@ -396,18 +386,6 @@ fn grpc_error(status: tonic::Status) -> SendError {
         | Code::DataLoss => retryable(message),
         _ => SendError::Permanent(message),
     }
-}
-
-/// A header list entry that is not a valid HTTP header. The value itself
-/// is never shown: it may be a credential.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum HeaderError {
-    #[error(transparent)]
-    Entry(#[from] AttributeError),
-    #[error("{0:?} is not a valid header name")]
-    Name(String),
-    #[error("the value of header {0} is not valid")]
-    Value(HeaderName),
 }
 
 /// Parses `OTEL_EXPORTER_OTLP_*HEADERS` (`k=v,k2=v2`, values

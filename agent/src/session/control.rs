@@ -39,8 +39,6 @@ use crate::config::Config;
 
 /// Where the endpoint listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9465";
-/// Where daemon sessions write unless told otherwise.
-pub const DEFAULT_SESSION_DIR: &str = "/var/lib/tokentrace/sessions";
 /// Longest session the endpoint accepts.
 pub const MAX_DURATION: Duration = Duration::from_secs(3600);
 /// Largest request body read (a session request is a few hundred bytes).
@@ -82,7 +80,7 @@ impl ControlArgs {
     pub fn session_dir(&self) -> PathBuf {
         self.session_dir
             .clone()
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_SESSION_DIR))
+            .unwrap_or_else(|| PathBuf::from(token::DEFAULT_SESSION_DIR))
     }
 }
 

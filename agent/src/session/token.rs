@@ -16,12 +16,16 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 
+/// Where daemon sessions write unless told otherwise, and so where the
+/// generated token lives.
+pub const DEFAULT_SESSION_DIR: &str = "/var/lib/tokentrace/sessions";
+
 /// The generated token's file name in the session directory.
 pub const TOKEN_FILE_NAME: &str = "control.token";
 
 /// Where `tokentrace run` with default settings keeps its token.
 pub fn default_token_path() -> PathBuf {
-    Path::new(super::control::DEFAULT_SESSION_DIR).join(TOKEN_FILE_NAME)
+    Path::new(DEFAULT_SESSION_DIR).join(TOKEN_FILE_NAME)
 }
 
 /// Reads a token file (trimmed; empty is an error).
