@@ -304,6 +304,15 @@ fn check_spans(
     f
 }
 
+/// `tokentrace_spans_dropped_total` for one reason, from a Prometheus scrape.
+fn spans_dropped(text: &str, reason: &str) -> f64 {
+    prom_sum(
+        text,
+        "tokentrace_spans_dropped_total",
+        &[&format!("reason=\"{reason}\"")],
+    )
+}
+
 fn assert_no_failures(title: &str, failures: &[String]) {
     assert!(
         failures.is_empty(),
@@ -692,16 +701,8 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
     );
 
     let text = scrape(metrics_port);
-    let dropped_full = prom_sum(
-        &text,
-        "tokentrace_spans_dropped_total",
-        &["reason=\"queue_full\""],
-    );
-    let dropped_failed = prom_sum(
-        &text,
-        "tokentrace_spans_dropped_total",
-        &["reason=\"export_failed\""],
-    );
+    let dropped_full = spans_dropped(&text, "queue_full");
+    let dropped_failed = spans_dropped(&text, "export_failed");
     let exported = prom_sum(&text, "tokentrace_spans_exported_total", &[]);
     let queued = prom_sum(&text, "tokentrace_export_queue_length", &[]);
     let capacity = prom_sum(&text, "tokentrace_export_queue_capacity", &[]);
@@ -965,16 +966,8 @@ fn root_otlp_outage_drains_within_2s_and_keeps_spans_while_the_queue_has_room() 
     let mut failures = Vec::new();
     for (a, drain) in agents.iter().zip(&drained) {
         let text = scrape(a.metrics_port);
-        let dropped_full = prom_sum(
-            &text,
-            "tokentrace_spans_dropped_total",
-            &["reason=\"queue_full\""],
-        );
-        let dropped_failed = prom_sum(
-            &text,
-            "tokentrace_spans_dropped_total",
-            &["reason=\"export_failed\""],
-        );
+        let dropped_full = spans_dropped(&text, "queue_full");
+        let dropped_failed = spans_dropped(&text, "export_failed");
         let capacity = prom_sum(&text, "tokentrace_export_queue_capacity", &[]);
         eprintln!(
             "[test] {}: outage {outage_s:.1} s; drained {:?} after the collector was back; \

@@ -201,29 +201,22 @@ mod tests {
     #[test]
     fn an_unexplained_loss_or_an_export_failure_fails() {
         let reports = [report(2, 11.0)];
-        let samples = [sample(9.0, 0.0, 0.0, 0.0), sample(22.0, 0.0, 0.0, 4.0)];
-        let refs: Vec<&Sample> = samples.iter().collect();
-        let v = Outage {
-            down: 10.0,
-            up: 20.0,
-            until: 30.0,
-            reports: &reports,
-            samples: &refs,
-        }
-        .judge(|_| None);
+        let judge = |samples: &[Sample]| {
+            let refs: Vec<&Sample> = samples.iter().collect();
+            Outage {
+                down: 10.0,
+                up: 20.0,
+                until: 30.0,
+                reports: &reports,
+                samples: &refs,
+            }
+            .judge(|_| None)
+        };
+        let v = judge(&[sample(9.0, 0.0, 0.0, 0.0), sample(22.0, 0.0, 0.0, 4.0)]);
         assert_eq!(v.drained_after_s, None);
         assert_eq!(v.failures.len(), 1, "{:?}", v.failures);
         assert!(v.failures[0].contains("export_failed"));
-        let samples = [sample(9.0, 0.0, 0.0, 0.0), sample(22.0, 0.0, 0.0, 0.0)];
-        let refs: Vec<&Sample> = samples.iter().collect();
-        let v = Outage {
-            down: 10.0,
-            up: 20.0,
-            until: 30.0,
-            reports: &reports,
-            samples: &refs,
-        }
-        .judge(|_| None);
+        let v = judge(&[sample(9.0, 0.0, 0.0, 0.0), sample(22.0, 0.0, 0.0, 0.0)]);
         assert!(v.failures[0].contains("never reached"), "{:?}", v.failures);
     }
 }
