@@ -56,11 +56,15 @@ impl InferProbes {
             .open(storage)
             .context("opening the inference BPF object")?;
         super::uprobe_mode::prepare_uprobes(open.open_object_mut(), uprobe_mode);
-        let (events, traced) = sock.shared_maps();
+        let (events, flags, traced) = sock.shared_maps();
         open.maps
             .events
             .reuse_fd(events.as_fd())
             .context("sharing the ring buffer")?;
+        open.maps
+            .traced_flags
+            .reuse_fd(flags.as_fd())
+            .context("sharing the pid filter array")?;
         open.maps
             .traced_tgids
             .reuse_fd(traced.as_fd())

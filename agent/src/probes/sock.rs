@@ -60,6 +60,7 @@ impl SockProbes {
             .context("opening the socket BPF object")?;
 
         super::uprobe_mode::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
+        select_iov_programs(open.open_object_mut());
         let rodata = open
             .maps
             .rodata_data
@@ -79,6 +80,10 @@ impl SockProbes {
             .set_max_entries(cpus)
             .context("sizing the per-CPU scratch map")?;
         open.maps
+            .traced_flags
+            .set_max_entries(pid_flag_slots(max_pid()))
+            .context("sizing the pid filter array")?;
+        open.maps
             .events
             .set_max_entries(settings.ring_buffer_bytes)
             .context("sizing the ring buffer (must be a power of two multiple of the page size)")?;
@@ -92,6 +97,9 @@ impl SockProbes {
         // process and library file later.
         for program in skel.object_mut().progs_mut() {
             let section = program.section().to_string_lossy();
+            if !program.autoload() {
+                continue; // the twin not loaded on this kernel (select_iov_programs)
+            }
             if section.starts_with("tracepoint/") || section.starts_with("tp_btf/") {
                 let link = program.attach().with_context(|| {
                     format!("attaching {section} (is tracefs mounted? run `tokentrace check`)")
@@ -114,9 +122,20 @@ impl SockProbes {
         builder.build().context("creating the ring buffer consumer")
     }
 
-    /// The ring buffer and pid filter, for other probe sets to share.
-    pub(crate) fn shared_maps(&self) -> (&libbpf_rs::Map<'static>, &libbpf_rs::Map<'static>) {
-        (&self.skel.maps.events, &self.skel.maps.traced_tgids)
+    /// The ring buffer and the pid filter's array and hash, for other
+    /// probe sets to share.
+    pub(crate) fn shared_maps(
+        &self,
+    ) -> (
+        &libbpf_rs::Map<'static>,
+        &libbpf_rs::Map<'static>,
+        &libbpf_rs::Map<'static>,
+    ) {
+        (
+            &self.skel.maps.events,
+            &self.skel.maps.traced_flags,
+            &self.skel.maps.traced_tgids,
+        )
     }
 
     /// A handle on the pid filter, usable from another thread.
@@ -125,7 +144,14 @@ impl SockProbes {
             .context("duplicating traced_tgids")?;
         let listeners = MapHandle::try_from(&self.skel.maps.ingress_listeners)
             .context("duplicating ingress_listeners")?;
-        Ok(TracedPids { map, listeners })
+        let flags = MmapArray::of(&self.skel.maps.traced_flags).context("mapping traced_flags")?;
+        let ports = MmapArray::of(&self.skel.maps.port_refs).context("mapping port_refs")?;
+        Ok(TracedPids {
+            map,
+            listeners,
+            flags,
+            ports,
+        })
     }
 
     /// A handle on the kernel-side loss counters, usable from another thread.
@@ -141,12 +167,146 @@ impl Drop for SockProbes {
     }
 }
 
+/// Whether the kernel has the bpf_loop helper (5.17+).
+fn has_bpf_loop() -> bool {
+    // SAFETY: a feature probe with no options; it only loads and frees a
+    // tiny program.
+    let rc = unsafe {
+        libbpf_rs::libbpf_sys::libbpf_probe_bpf_helper(
+            libbpf_rs::libbpf_sys::BPF_PROG_TYPE_TRACEPOINT,
+            libbpf_rs::libbpf_sys::BPF_FUNC_loop,
+            std::ptr::null(),
+        )
+    };
+    rc == 1
+}
+
+/// The iovec syscalls' exit programs come twice (sock.bpf.c
+/// `EXIT_PROG_VEC`): with a bpf_loop walk where the kernel has bpf_loop
+/// (verified in a few thousand instructions instead of ~800k), else the
+/// `_compat` twin, whose bpf_loop-free code older kernels accept. Exactly
+/// one of each pair loads.
+pub(crate) fn select_iov_programs(object: &mut libbpf_rs::OpenObject) {
+    let with_loop = has_bpf_loop();
+    for mut program in object.progs_mut() {
+        let name = program.name().to_string_lossy().into_owned();
+        let is_vec_exit = ["exit_readv", "exit_recvmsg", "exit_writev", "exit_sendmsg"]
+            .iter()
+            .any(|base| name.starts_with(base));
+        if is_vec_exit {
+            program.set_autoload(name.ends_with("_compat") != with_loop);
+        }
+    }
+}
+
+/// The largest pid this host hands out (`/proc/sys/kernel/pid_max`), at
+/// most the kernel's own limit (PID_MAX_LIMIT, 4M on 64-bit).
+fn max_pid() -> u32 {
+    const PID_MAX_LIMIT: u32 = 4 << 20;
+    std::fs::read_to_string("/proc/sys/kernel/pid_max")
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .unwrap_or(PID_MAX_LIMIT)
+        .clamp(1, PID_MAX_LIMIT)
+}
+
+/// Elements of `traced_flags` for pids below `pid_max`: each holds the
+/// flag bytes of 8 pids.
+fn pid_flag_slots(pid_max: u32) -> u32 {
+    pid_max.div_ceil(8)
+}
+
+/// The memory of a BPF_F_MMAPABLE array map, mapped shared: writes are
+/// seen by the probes at once, with no syscall.
+#[derive(Debug)]
+struct MmapArray {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+    /// The map stays alive while it is mapped.
+    _map: MapHandle,
+}
+
+// SAFETY: the mapping is plain shared memory, only accessed through
+// atomics (see `byte` and `word`); the pointer is valid until Drop.
+unsafe impl Send for MmapArray {}
+// SAFETY: as above: every access is atomic.
+unsafe impl Sync for MmapArray {}
+
+impl MmapArray {
+    fn of(map: &libbpf_rs::Map<'_>) -> Result<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let handle = MapHandle::try_from(map).context("duplicating the map")?;
+        let elem = (map.value_size() as usize).next_multiple_of(8);
+        let len = elem * map.max_entries() as usize;
+        // SAFETY: mapping `len` bytes of a BPF array's fd, which the kernel
+        // allows for BPF_F_MMAPABLE arrays (rounded up to a page); the
+        // result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                handle.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error()).context("mmap of a BPF array");
+        }
+        let ptr = std::ptr::NonNull::new(ptr.cast::<u8>()).context("mmap returned NULL")?;
+        Ok(Self {
+            ptr,
+            len,
+            _map: handle,
+        })
+    }
+
+    /// The byte at `offset`, if inside the mapping.
+    fn byte(&self, offset: usize) -> Option<&std::sync::atomic::AtomicU8> {
+        // SAFETY: in bounds of the live mapping; AtomicU8 has u8's layout.
+        (offset < self.len).then(|| unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(offset)
+                .cast::<std::sync::atomic::AtomicU8>()
+        })
+    }
+
+    /// The 4-byte word at `offset` (a multiple of 4), if inside.
+    fn word(&self, offset: usize) -> Option<&std::sync::atomic::AtomicU32> {
+        // SAFETY: in bounds, and aligned: the mapping is page-aligned and
+        // offset a multiple of 4; AtomicU32 has u32's layout.
+        (offset % 4 == 0 && offset + 4 <= self.len).then(|| unsafe {
+            &*self
+                .ptr
+                .as_ptr()
+                .add(offset)
+                .cast::<std::sync::atomic::AtomicU32>()
+        })
+    }
+}
+
+impl Drop for MmapArray {
+    fn drop(&mut self) {
+        // SAFETY: unmapping exactly what `of` mapped; no reference into it
+        // outlives `self`.
+        unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
 /// The in-kernel pid filter: only processes in it have their sockets traced.
+/// One byte per pid in an mmapped array (`traced_flags`), a hash
+/// (`traced_tgids`) for pids past it.
 #[derive(Debug)]
 pub struct TracedPids {
     map: MapHandle,
     /// Listening endpoints of traced processes (`ingress_listeners`).
     listeners: MapHandle,
+    flags: MmapArray,
+    /// `port_refs`: the softirq hooks' first check, by local port.
+    ports: MmapArray,
 }
 
 impl TracedPids {
@@ -155,15 +315,20 @@ impl TracedPids {
     /// accept (the probes mark listeners themselves at later listen() and
     /// accept() calls). Marks stay until the agent exits.
     pub fn insert(&self, pid: u32) -> Result<()> {
-        self.map
-            .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
-            .with_context(|| {
-                format!(
-                    "adding pid {pid} to the kernel pid filter (it holds {} processes; if it \
-                     is full, select fewer with --pid/--exe/--port)",
-                    self.map.max_entries()
-                )
-            })?;
+        use std::sync::atomic::Ordering;
+        match self.flags.byte(pid as usize) {
+            Some(flag) => flag.store(1, Ordering::Release),
+            None => self
+                .map
+                .update(&pid.to_ne_bytes(), &[1u8], MapFlags::ANY)
+                .with_context(|| {
+                    format!(
+                        "adding pid {pid} to the kernel pid filter (it holds {} processes past \
+                         pid_max at start; if it is full, select fewer with --pid/--exe/--port)",
+                        self.map.max_entries()
+                    )
+                })?,
+        }
         let Some((netns, ports)) =
             crate::discover::procfs::listeners_of(std::path::Path::new("/proc"), pid)
         else {
@@ -181,6 +346,10 @@ impl TracedPids {
             if let Err(err) = self.listeners.update(key, &[1u8], MapFlags::ANY) {
                 tracing::warn!("marking port {port} of pid {pid} for ingress timing: {err}");
             }
+            // struct port_ref { listener, socks }: 8 bytes per port.
+            if let Some(listener) = self.ports.word(usize::from(port) * 8) {
+                listener.store(1, Ordering::Release);
+            }
         }
         Ok(())
     }
@@ -188,6 +357,10 @@ impl TracedPids {
     /// Removes `pid`; absent pids are not an error (the kernel removes
     /// exited processes itself).
     pub fn remove(&self, pid: u32) {
+        if let Some(flag) = self.flags.byte(pid as usize) {
+            flag.store(0, std::sync::atomic::Ordering::Release);
+            return;
+        }
         if let Err(err) = self.map.delete(&pid.to_ne_bytes()) {
             tracing::trace!("pid {pid} not in the kernel filter: {err}");
         }
@@ -208,7 +381,8 @@ pub struct KernelCounters {
 pub struct KernelLosses {
     /// Records that did not fit in the ring buffer.
     pub ringbuf_drops: u64,
-    /// Data records skipped because the per-CPU staging slot was missing.
+    /// Data records skipped because the per-CPU staging slot was missing
+    /// (kernels before 6.16, which stage records).
     pub scratch_misses: u64,
     /// Forked children of traced processes the full pid filter could not
     /// take (untraced).

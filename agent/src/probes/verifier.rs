@@ -91,9 +91,13 @@ fn load_with_stats<'obj, B: SkelBuilder<'obj>>(
     let mut open = builder
         .open(storage)
         .with_context(|| format!("opening the {object} BPF object"))?;
+    if object == "sock" {
+        super::sock::select_iov_programs(open.open_object_mut());
+    }
     let programs = open
         .open_object_mut()
         .progs_mut()
+        .filter(|program| program.autoload())
         .map(|mut program| {
             program.set_log_level(4);
             (object, name_and_section(&program))

@@ -30,8 +30,23 @@ struct {
 	__uint(max_entries, 16 << 20);
 } events SEC(".maps");
 
-/* tgid -> 1 for every process whose sockets are traced. Maintained by the
- * agent; children of traced processes are added here at fork. */
+/* The pid filter, first check of every program: one byte per tgid (1:
+ * traced), in an array the verifier inlines (an untraced hit costs a
+ * bounds check and a load, no hash). Each 8-byte element holds the flags
+ * of 8 consecutive tgids, so the array's memory, which the agent mmaps
+ * (BPF_F_MMAPABLE) and writes directly, is a plain byte array indexed by
+ * tgid. Sized by the agent to /proc/sys/kernel/pid_max before load. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 32768 / 8);
+	__type(key, __u32);
+	__type(value, __u64);
+} traced_flags SEC(".maps");
+
+/* tgid -> 1 for traced processes whose tgid is past `traced_flags` (pid_max
+ * raised after the agent started). Maintained by the agent; children of
+ * traced processes are added at fork, like the flags. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
@@ -39,11 +54,39 @@ struct {
 	__type(value, __u8);
 } traced_tgids SEC(".maps");
 
+/* The flag byte of `tgid`, or NULL when it is past the array. */
+static __always_inline __u8 *traced_flag(__u32 tgid)
+{
+	__u32 slot = tgid >> 3;
+	__u8 *flags = bpf_map_lookup_elem(&traced_flags, &slot);
+
+	return flags ? &flags[tgid & 7] : NULL;
+}
+
 static __always_inline bool is_traced(__u32 tgid)
 {
+	__u8 *flag = traced_flag(tgid);
+
+	if (flag)
+		return *flag && tgid != agent_tgid;
 	if (tgid == agent_tgid)
 		return false;
 	return bpf_map_lookup_elem(&traced_tgids, &tgid) != NULL;
+}
+
+/* Marks `tgid` traced (1) or not (0) in the kernel, where the agent would. */
+static __always_inline int set_traced(__u32 tgid, __u8 on)
+{
+	__u8 *flag = traced_flag(tgid);
+
+	if (flag) {
+		*flag = on;
+		return 0;
+	}
+	if (on)
+		return bpf_map_update_elem(&traced_tgids, &tgid, &on, BPF_ANY);
+	bpf_map_delete_elem(&traced_tgids, &tgid);
+	return 0;
 }
 
 /* Kernels >= 6.13 run uprobe programs preemptible (migrate-disabled only),

@@ -250,36 +250,23 @@ static __always_inline __s64 current_syscall(struct task_struct *task)
 	return orig_ax < 0 ? -1 : orig_ax;
 }
 
-/* Whether the task this CPU last switched to is traced. The next switch on
- * this CPU has that task as `prev`, so a context switch costs one pid
- * lookup (of `next`) and an inlined per-CPU array read, traced or not. A
- * task switched in before the agent loaded counts as untraced once. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u8);
-} cpu_runs_traced SEC(".maps");
-
+/* Every context switch on the host runs this: the first check is both
+ * tasks' pid-filter bytes (two array loads, no hash, no other work), so a
+ * switch between untraced tasks costs a few instructions. */
 SEC("tp_btf/sched_switch")
 int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
 	     unsigned int prev_state)
 {
-	__u32 zero = 0;
-	__u8 *runs_traced = bpf_map_lookup_elem(&cpu_runs_traced, &zero);
-
-	if (!runs_traced)
-		return 0;
+	__u32 prev_tgid = prev->tgid;
 	__u32 next_tgid = next->tgid;
-	bool prev_traced = *runs_traced;
+	bool prev_traced = is_traced(prev_tgid);
 	bool next_traced = is_traced(next_tgid);
-	*runs_traced = next_traced;
+
 	if (!prev_traced && !next_traced)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 
 	if (prev_traced) {
-		__u32 prev_tgid = prev->tgid;
 		__u32 tid = prev->pid;
 		__u64 pid_tgid = ((__u64)prev_tgid << 32) | tid;
 		struct offcpu_start start = {
@@ -305,13 +292,14 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		__sync_fetch_and_add(&ringbuf_drops, 1);
 		return 0;
 	}
-	/* The header describes `next`, the thread coming back on CPU. */
+	/* The header describes `next`, the thread coming back on CPU. Its
+	 * comm is left empty: the explainer does not use it. */
 	e->hdr.kind = TT_EVENT_OFFCPU;
 	e->hdr.tgid = next_tgid;
 	e->hdr.tid = next_tid;
 	e->hdr._pad = 0;
 	e->hdr.ts_ns = now;
-	BPF_CORE_READ_STR_INTO(&e->hdr.comm, next, group_leader, comm);
+	__builtin_memset(e->hdr.comm, 0, sizeof(e->hdr.comm));
 	e->start_ns = s.ts;
 	e->syscall = s.syscall;
 	e->state = s.state;

@@ -4,8 +4,8 @@
  * sockets of traced processes, plus listen/exec/fork/exit so the agent can
  * find servers that start after it.
  *
- * Cost control, in order: the pid filter (`traced_tgids`) runs first on
- * every syscall; only calls that moved bytes on an IPv4/IPv6 TCP socket
+ * Cost control, in order: the pid filter (`traced_flags`, an array load)
+ * runs first on every syscall; only calls that moved bytes on an IPv4/IPv6 TCP socket
  * produce a record (unix socketpairs used as event-loop wake-ups, pipes and
  * files are dropped in the kernel); payloads are bounded by `capture_bytes`;
  * ring buffer wake-ups are batched (`wakeup_bytes`) and the agent polls on a
@@ -169,6 +169,7 @@ struct {
 } scratch SEC(".maps");
 
 #include "sock_state.bpf.h"
+#include "data_record.bpf.h"
 
 /* Keep the record types in BTF so libbpf-cargo generates Rust types. */
 struct tt_data_event _data_event = {};
@@ -320,65 +321,10 @@ static __always_inline int enter_msg(int fd, __u64 msghdr, __u8 call, __u8 direc
 	return enter_io(fd, (__u64)msg.msg_iov, msg.msg_iovlen ? msg.msg_iovlen : 1, call, direction);
 }
 
-static __always_inline __u32 copy_flat(__u8 *dst, __u64 src, __u32 n)
-{
-	if (n > MAX_CAPTURE)
-		n = MAX_CAPTURE;
-	n = verifier_mask(n, LEN_MASK);
-	if (bpf_probe_read_user(dst, n, (void *)src))
-		return 0;
-	return n;
-}
-
-static __always_inline __u32 copy_iov(__u8 *dst, __u64 iov_ptr, __u32 iovcnt, __u32 limit)
-{
-	const struct iovec *iov = (const struct iovec *)iov_ptr;
-	__u32 off = 0;
-
-	for (int i = 0; i < MAX_IOV; i++) {
-		struct iovec v = {};
-
-		if (i >= iovcnt || off >= limit)
-			break;
-		if (bpf_probe_read_user(&v, sizeof(v), &iov[i]))
-			break;
-		__u32 n = v.iov_len;
-		if (n > limit - off)
-			n = limit - off;
-		if (n > MAX_CAPTURE)
-			n = MAX_CAPTURE;
-		n = verifier_mask(n, LEN_MASK);
-		/* off < limit <= MAX_CAPTURE here, so the mask keeps it. */
-		if (bpf_probe_read_user(dst + verifier_mask(off, OFF_MASK), n, v.iov_base))
-			break;
-		/* off + n <= limit <= MAX_CAPTURE: the mask changes nothing, but
-		 * it gives every iteration the same range for `off`, so the
-		 * verifier prunes instead of walking each path of each iteration
-		 * (without it MAX_IOV 64 exceeds the 1M-instruction limit). */
-		off = verifier_mask(off + n, LEN_MASK);
-	}
-	return off;
-}
-
-/* Sends the staged record with its first `captured` payload bytes (shared
- * by the syscall and OpenSSL data paths). */
-static __always_inline int submit_data(struct data_scratch *s, __u32 captured)
-{
-	if (captured > MAX_CAPTURE)
-		captured = MAX_CAPTURE;
-	captured = verifier_mask(captured, LEN_MASK);
-	s->ev.captured = captured;
-	__u64 size = sizeof(struct tt_data_event) + captured;
-	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
-		__sync_fetch_and_add(&ringbuf_drops, 1);
-	return 0;
-}
-
-static __always_inline int exit_io(long ret)
+static __always_inline int exit_io(long ret, const bool vec, const bool loop)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct io_args *args = bpf_map_lookup_elem(&active_io, &pid_tgid);
-	__u32 zero_key = bpf_get_smp_processor_id();
 	__u64 ino = 0;
 
 	if (!args)
@@ -417,12 +363,14 @@ static __always_inline int exit_io(long ret)
 		return 0;
 	}
 
-	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &zero_key);
-	if (!s) {
-		__sync_fetch_and_add(&scratch_misses, 1);
+	/* sendfile's bytes come from a file, not a user buffer. */
+	__u32 limit = capture_bytes < (__u32)ret ? capture_bytes : (__u32)ret;
+	if (a.call == TT_IO_SENDFILE)
+		limit = 0;
+	struct data_out out;
+	struct tt_data_event *e = data_begin(&out, limit);
+	if (!e)
 		return 0;
-	}
-	struct tt_data_event *e = &s->ev;
 	fill_header(&e->hdr, TT_EVENT_DATA);
 	e->ts_enter_ns = a.ts_enter;
 	e->sock_ino = ino;
@@ -436,16 +384,11 @@ static __always_inline int exit_io(long ret)
 	if (a.direction == TT_DIR_EGRESS)
 		note_unsent(st, sk, a.ts_enter, e);
 	fill_addrs(sk, &e->addrs);
-
-	__u32 limit = capture_bytes < (__u32)ret ? capture_bytes : (__u32)ret;
-	__u32 captured = 0;
-	if (a.call == TT_IO_SENDFILE)
-		captured = 0; /* bytes come from a file, not a user buffer */
-	else if (a.iovcnt == 0)
-		captured = copy_flat(s->payload, a.buf, limit);
-	else
-		captured = copy_iov(s->payload, a.buf, a.iovcnt, limit);
-	return submit_data(s, captured);
+	/* Only readv/writev/recvmsg/sendmsg take iovecs (`vec`): the other
+	 * programs carry no iovec walk for the verifier to check. */
+	if (vec && a.iovcnt)
+		return data_iov(&out, e, a.buf, a.iovcnt, limit, loop);
+	return data_flat(&out, e, a.buf, limit);
 }
 
 #define ARG(n) ((__u64)ctx->args[n])
@@ -513,26 +456,37 @@ int enter_sendfile(struct trace_event_raw_sys_enter *ctx)
 	return enter_io(ARG(0), 0, 0, TT_IO_SENDFILE, TT_DIR_EGRESS);
 }
 
-/* exit_io stages its record in the per-CPU scratch slot that ssl_exit
- * uses too: neither may be preempted while it does (see no_preempt_begin). */
-#define EXIT_PROG(name, tp)                                        \
+/* exit_io may stage its record in the per-CPU scratch slot that ssl_exit
+ * uses too (older kernels, see data_record.bpf.h): neither may be
+ * preempted while it does (see no_preempt_begin). The pid filter comes
+ * first: an untraced exit costs one array load. */
+#define EXIT_PROG_(name, tp, vec, loop)                            \
 	SEC("tracepoint/syscalls/" tp)                             \
 	int name(struct trace_event_raw_sys_exit *ctx)             \
 	{                                                          \
+		if (!is_traced(bpf_get_current_pid_tgid() >> 32))  \
+			return 0;                                  \
 		no_preempt_begin();                                \
-		int rc = exit_io(ctx->ret);                        \
+		int rc = exit_io(ctx->ret, vec, loop);             \
 		no_preempt_end();                                  \
 		return rc;                                         \
 	}
+#define EXIT_PROG(name, tp) EXIT_PROG_(name, tp, false, false)
+/* The iovec calls, twice: with the bpf_loop walk (loaded where the kernel
+ * has bpf_loop) and `_compat` without it (older kernels: the agent loads
+ * one of the two, see probes/sock.rs). */
+#define EXIT_PROG_VEC(name, tp)                 \
+	EXIT_PROG_(name, tp, true, true)        \
+	EXIT_PROG_(name##_compat, tp, true, false)
 
 EXIT_PROG(exit_read, "sys_exit_read")
-EXIT_PROG(exit_readv, "sys_exit_readv")
+EXIT_PROG_VEC(exit_readv, "sys_exit_readv")
 EXIT_PROG(exit_recvfrom, "sys_exit_recvfrom")
-EXIT_PROG(exit_recvmsg, "sys_exit_recvmsg")
+EXIT_PROG_VEC(exit_recvmsg, "sys_exit_recvmsg")
 EXIT_PROG(exit_write, "sys_exit_write")
-EXIT_PROG(exit_writev, "sys_exit_writev")
+EXIT_PROG_VEC(exit_writev, "sys_exit_writev")
 EXIT_PROG(exit_sendto, "sys_exit_sendto")
-EXIT_PROG(exit_sendmsg, "sys_exit_sendmsg")
+EXIT_PROG_VEC(exit_sendmsg, "sys_exit_sendmsg")
 EXIT_PROG(exit_sendfile, "sys_exit_sendfile64")
 
 /* ---- connection lifecycle ------------------------------------------------ */
@@ -683,13 +637,12 @@ int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
 	__u32 parent_tgid = parent->tgid;
 	__u32 child_tgid = child->tgid;
-	__u8 one = 1;
 
 	if (child_tgid == parent_tgid || child->pid != child_tgid)
 		return 0; /* a new thread, already covered by its tgid */
 	if (!is_traced(parent_tgid))
 		return 0;
-	if (bpf_map_update_elem(&traced_tgids, &child_tgid, &one, BPF_ANY))
+	if (set_traced(child_tgid, 1))
 		__sync_fetch_and_add(&traced_full, 1);
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -714,7 +667,7 @@ int on_exit(struct trace_event_raw_sched_process_template *ctx)
 
 	if ((__u32)pid_tgid != tgid || !is_traced(tgid))
 		return 0; /* only the group leader of a traced process */
-	bpf_map_delete_elem(&traced_tgids, &tgid);
+	set_traced(tgid, 0);
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
@@ -829,7 +782,6 @@ static __always_inline int ssl_return(long ret)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct ssl_call *cp = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
-	__u32 cpu = bpf_get_smp_processor_id();
 	__u64 len = 0;
 
 	if (!cp)
@@ -881,17 +833,17 @@ static __always_inline int ssl_return(long ret)
 	if (len == 0)
 		return 0;
 
-	struct data_scratch *s = bpf_map_lookup_elem(&scratch, &cpu);
-	if (!s) {
-		__sync_fetch_and_add(&scratch_misses, 1);
+	__u32 moved = len > 0xffffffff ? 0xffffffff : len;
+	__u32 limit = capture_bytes < moved ? capture_bytes : moved;
+	struct data_out out;
+	struct tt_data_event *e = data_begin(&out, limit);
+	if (!e)
 		return 0;
-	}
-	struct tt_data_event *e = &s->ev;
 	fill_header(&e->hdr, TT_EVENT_DATA);
 	e->ts_enter_ns = c.ts_enter;
 	e->sock_ino = c.ssl;
 	e->fd = -1;
-	e->len = len > 0xffffffff ? 0xffffffff : len;
+	e->len = moved;
 	e->direction = c.direction;
 	e->call = c.call;
 	e->tcp_nodelay = 0;
@@ -918,9 +870,7 @@ static __always_inline int ssl_return(long ret)
 			fill_addrs(sk, &e->addrs);
 	}
 
-	__u32 limit = capture_bytes < e->len ? capture_bytes : e->len;
-	__u32 captured = copy_flat(s->payload, c.buf, limit);
-	return submit_data(s, captured);
+	return data_flat(&out, e, c.buf, limit);
 }
 
 /* One return probe for every SSL call above. Not preemptible: it stages
@@ -988,7 +938,9 @@ int enter_mmap(struct trace_event_raw_sys_enter *ctx)
 }
 
 /* ---- softirq hooks on traced sockets (see sock_state.bpf.h) --------------
- * Each starts with one lookup and returns there for a socket nobody traces. */
+ * Each starts with an array load by local port (port_refs) and, on a port
+ * that may be traced, one lookup; it returns there for a socket nobody
+ * traces. */
 
 /* Start of tcp_rcv_established: every segment of an established
  * connection, accepted or still in the accept queue. Its ACK releases held
@@ -996,6 +948,8 @@ int enter_mmap(struct trace_event_raw_sys_enter *ctx)
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 {
+	if (!port_maybe_traced(sk))
+		return 0;
 	__u64 key = (__u64)sk;
 	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
 
@@ -1016,6 +970,9 @@ SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
 {
 	if (oldstate == TT_TCP_SYN_RECV && newstate == TT_TCP_ESTABLISHED) {
+		struct port_ref *r = port_ref_of_btf(sk);
+		if (!r || !r->listener)
+			return 0;
 		struct listen_key lk = listen_key_of(sk);
 		if (!bpf_map_lookup_elem(&ingress_listeners, &lk))
 			return 0;
@@ -1025,10 +982,13 @@ int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
 			.est_rcv_nxt = BPF_CORE_READ((struct tcp_sock *)sk, rcv_nxt),
 		};
 		bpf_map_delete_elem(&send_holds, &key); /* see own_sock */
-		bpf_map_update_elem(&sock_states, &key, &fresh, BPF_ANY);
+		if (!bpf_map_update_elem(&sock_states, &key, &fresh, BPF_ANY))
+			__sync_fetch_and_add(&r->socks, 1);
 		return 0;
 	}
 	if (oldstate == TT_TCP_ESTABLISHED && newstate == TT_TCP_CLOSE_WAIT) {
+		if (!port_maybe_traced(sk))
+			return 0;
 		__u64 key = (__u64)sk;
 		struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
 		if (st)
@@ -1041,6 +1001,8 @@ int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
 SEC("tp_btf/tcp_receive_reset")
 int BPF_PROG(on_tcp_reset, struct sock *sk)
 {
+	if (!port_maybe_traced(sk))
+		return 0;
 	__u64 key = (__u64)sk;
 	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
 
@@ -1055,11 +1017,14 @@ int BPF_PROG(on_tcp_reset, struct sock *sk)
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(on_tcp_destroy, struct sock *sk)
 {
+	if (!port_maybe_traced(sk))
+		return 0;
 	__u64 key = (__u64)sk;
 
 	if (!bpf_map_lookup_elem(&sock_states, &key))
 		return 0;
 	bpf_map_delete_elem(&send_holds, &key);
-	bpf_map_delete_elem(&sock_states, &key);
+	if (!bpf_map_delete_elem(&sock_states, &key))
+		port_socks_add(sk, -1);
 	return 0;
 }

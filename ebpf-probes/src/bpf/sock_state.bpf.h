@@ -14,9 +14,10 @@
  * released them) has its own map, `send_holds`, also keyed by the socket:
  * see note_unsent.
  *
- * Cost model: every hook starts with ONE lookup in `sock_states`, keyed by
- * the `struct sock *`; a socket nobody traces has no entry and the hook
- * returns there. Entries are created only for traced sockets: at the
+ * Cost model: every hook starts with an array load by local port
+ * (`port_refs`: no traced listener or socket on the port, return), then
+ * ONE lookup in `sock_states`, keyed by the `struct sock *`; a socket
+ * nobody traces has no entry and the hook returns there. Entries are created only for traced sockets: at the
  * handshake's end for connections to a listener in `ingress_listeners`
  * (one hash lookup per passive open, none per packet), and at the first
  * read or write of a traced process on any other TCP socket. They go when
@@ -116,6 +117,56 @@ struct {
 	__type(value, __u8);
 } ingress_listeners SEC(".maps");
 
+/* The softirq hooks' first check, by local port (their `current` is not
+ * the socket's owner, so the pid filter cannot tell): a port with no
+ * traced listener and no traced socket is not ours, decided by an array
+ * load before the `sock_states` lookup. `listener` is set (never cleared)
+ * for ports of traced listeners, by the agent through the mmapped array
+ * and by mark_listener; `socks` counts sock_states entries created on the
+ * port (one down when the socket is destroyed; entries the LRU evicts
+ * leave it high: a wasted lookup, never a missed socket). Ports are not
+ * netns-qualified here: another namespace's socket on a traced port only
+ * pays the lookup. */
+struct port_ref {
+	__u32 listener;
+	__u32 socks;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct port_ref);
+} port_refs SEC(".maps");
+
+static __always_inline struct port_ref *port_ref_at(__u32 port)
+{
+	return bpf_map_lookup_elem(&port_refs, &port);
+}
+
+/* `sk` as a tp_btf argument (trusted: read directly, no helper call). */
+#define port_ref_of_btf(sk) port_ref_at((sk)->__sk_common.skc_num)
+#define port_ref_of(sk) port_ref_at(BPF_CORE_READ(sk, __sk_common.skc_num))
+
+/* Whether the tp_btf argument `sk` may have state: false means surely
+ * not. */
+static __always_inline bool port_maybe_traced(struct sock *sk)
+{
+	struct port_ref *r = port_ref_of_btf(sk);
+
+	return r && (r->listener | r->socks);
+}
+
+/* A sock_states entry was created for `sk` (or is gone: -1). */
+static __always_inline void port_socks_add(struct sock *sk, int delta)
+{
+	struct port_ref *r = port_ref_of(sk);
+
+	if (r)
+		__sync_fetch_and_add(&r->socks, delta);
+}
+
 static __always_inline bool seq_before(__u32 a, __u32 b)
 {
 	return (__s32)(a - b) < 0;
@@ -136,7 +187,10 @@ static __always_inline void mark_listener(struct sock *sk)
 {
 	struct listen_key k = listen_key_of(sk);
 	__u8 one = 1;
+	struct port_ref *r = port_ref_at(k.port);
 
+	if (r && !r->listener)
+		r->listener = 1;
 	if (!bpf_map_lookup_elem(&ingress_listeners, &k))
 		bpf_map_update_elem(&ingress_listeners, &k, &one, BPF_NOEXIST);
 }
@@ -153,7 +207,8 @@ static __always_inline struct sock_state *own_sock(struct sock *sk, __u64 ino, i
 		/* A hold left by an earlier socket at this address whose state
 		 * the LRU evicted (so its destruction did not clear the hold). */
 		bpf_map_delete_elem(&send_holds, &key);
-		bpf_map_update_elem(&sock_states, &key, &fresh, BPF_NOEXIST);
+		if (!bpf_map_update_elem(&sock_states, &key, &fresh, BPF_NOEXIST))
+			port_socks_add(sk, 1);
 		st = bpf_map_lookup_elem(&sock_states, &key);
 		if (!st)
 			return NULL;

@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * Emitting one data record (struct tt_data_event + payload), shared by the
+ * syscall and OpenSSL data paths of sock.bpf.c.
+ *
+ * Direct (kernels with bpf_probe_read_user_dynptr, 6.16+): the record is
+ * reserved in the ring buffer at its exact size (header + the bytes to
+ * capture, known before the copy: min(capture_bytes, bytes moved)), the
+ * header is filled in place and the payload is read from user memory
+ * straight into the record: one copy. The iovec walk stops at the bytes
+ * the syscall really moved. The verifier sees no payload offsets (the
+ * dynptr checks them at run time), so the walk costs it a few dozen
+ * instructions per iovec instead of hundreds.
+ *
+ * Staged (older kernels): the record is built in the per-CPU `scratch`
+ * slot and copied into the ring buffer by bpf_ringbuf_output (two copies),
+ * with masked offsets for the verifier. The branch not taken is dead code
+ * the verifier never walks.
+ *
+ * Use: data_begin() returns the header to fill (NULL: nothing reserved,
+ * return), then exactly one of data_flat() / data_iov() copies the payload
+ * and sends the record.
+ */
+#ifndef TOKENTRACE_DATA_RECORD_BPF_H
+#define TOKENTRACE_DATA_RECORD_BPF_H
+
+extern int bpf_probe_read_user_dynptr(struct bpf_dynptr *dptr, __u32 off, __u32 size,
+				      const void *unsafe_ptr__ign) __weak __ksym;
+
+#define DATA_HDR ((__u32)sizeof(struct tt_data_event))
+
+/* Where a record is being built: in the ring buffer (dp) or staged (s). */
+struct data_out {
+	struct bpf_dynptr dp;
+	struct data_scratch *s;
+};
+
+static __always_inline bool data_direct(void)
+{
+	return bpf_ksym_exists(bpf_probe_read_user_dynptr);
+}
+
+/* A record with room for `limit` (<= capture_bytes) payload bytes. */
+static __always_inline struct tt_data_event *data_begin(struct data_out *o, __u32 limit)
+{
+	if (data_direct()) {
+		if (limit > MAX_CAPTURE)
+			limit = MAX_CAPTURE;
+		if (bpf_ringbuf_reserve_dynptr(&events, DATA_HDR + limit, 0, &o->dp)) {
+			bpf_ringbuf_discard_dynptr(&o->dp, 0);
+			__sync_fetch_and_add(&ringbuf_drops, 1);
+			return NULL;
+		}
+		struct tt_data_event *e = bpf_dynptr_data(&o->dp, 0, sizeof(*e));
+		if (!e) {
+			bpf_ringbuf_discard_dynptr(&o->dp, 0);
+			return NULL;
+		}
+		return e;
+	}
+	__u32 cpu = bpf_get_smp_processor_id();
+	o->s = bpf_map_lookup_elem(&scratch, &cpu);
+	if (!o->s) {
+		__sync_fetch_and_add(&scratch_misses, 1);
+		return NULL;
+	}
+	return &o->s->ev;
+}
+
+/* Staged: sends the record with its first `captured` payload bytes. */
+static __always_inline int submit_staged(struct data_scratch *s, __u32 captured)
+{
+	if (captured > MAX_CAPTURE)
+		captured = MAX_CAPTURE;
+	captured = verifier_mask(captured, LEN_MASK);
+	s->ev.captured = captured;
+	__u64 size = sizeof(struct tt_data_event) + captured;
+	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+	return 0;
+}
+
+/* Direct: the record goes with `captured` payload bytes. A copy that
+ * faulted part way leaves the rest of the reserved payload unwritten; the
+ * reader takes `captured` bytes. */
+static __always_inline int submit_direct(struct data_out *o, struct tt_data_event *e, __u32 captured)
+{
+	e->captured = captured;
+	bpf_ringbuf_submit_dynptr(&o->dp, wakeup_flags());
+	return 0;
+}
+
+static __always_inline __u32 copy_flat(__u8 *dst, __u64 src, __u32 n)
+{
+	if (n > MAX_CAPTURE)
+		n = MAX_CAPTURE;
+	n = verifier_mask(n, LEN_MASK);
+	if (bpf_probe_read_user(dst, n, (void *)src))
+		return 0;
+	return n;
+}
+
+static __always_inline __u32 copy_iov(__u8 *dst, __u64 iov_ptr, __u32 iovcnt, __u32 limit)
+{
+	const struct iovec *iov = (const struct iovec *)iov_ptr;
+	__u32 off = 0;
+
+	for (int i = 0; i < MAX_IOV; i++) {
+		struct iovec v = {};
+
+		if (i >= iovcnt || off >= limit)
+			break;
+		if (bpf_probe_read_user(&v, sizeof(v), &iov[i]))
+			break;
+		__u32 n = v.iov_len;
+		if (n > limit - off)
+			n = limit - off;
+		if (n > MAX_CAPTURE)
+			n = MAX_CAPTURE;
+		n = verifier_mask(n, LEN_MASK);
+		/* off < limit <= MAX_CAPTURE here, so the mask keeps it. */
+		if (bpf_probe_read_user(dst + verifier_mask(off, OFF_MASK), n, v.iov_base))
+			break;
+		/* off + n <= limit <= MAX_CAPTURE: the mask changes nothing, but
+		 * it gives every iteration the same range for `off`, so the
+		 * verifier prunes instead of walking each path of each iteration
+		 * (without it MAX_IOV 64 exceeds the 1M-instruction limit). */
+		off = verifier_mask(off + n, LEN_MASK);
+	}
+	return off;
+}
+
+/* The flat buffer `src`: `limit` bytes, as data_begin was given. */
+static __always_inline int data_flat(struct data_out *o, struct tt_data_event *e, __u64 src, __u32 limit)
+{
+	if (data_direct()) {
+		__u32 captured = limit;
+		if (limit && bpf_probe_read_user_dynptr(&o->dp, DATA_HDR, limit, (void *)src))
+			captured = 0;
+		return submit_direct(o, e, captured);
+	}
+	return submit_staged(o->s, copy_flat(o->s->payload, src, limit));
+}
+
+/* One step of the direct iovec walk (a bpf_loop callback: the verifier
+ * checks its body once, not once per iovec). */
+struct iov_walk {
+	struct data_out *o;
+	const struct iovec *iov;
+	__u32 limit;
+	__u32 off;
+};
+
+static long iov_step(__u64 i, struct iov_walk *w)
+{
+	struct iovec v;
+
+	if (w->off >= w->limit)
+		return 1;
+	if (bpf_probe_read_user(&v, sizeof(v), &w->iov[i]))
+		return 1;
+	__u32 n = w->limit - w->off;
+	if (v.iov_len < n)
+		n = v.iov_len;
+	if (bpf_probe_read_user_dynptr(&w->o->dp, DATA_HDR + w->off, n, v.iov_base))
+		return 1;
+	w->off += n;
+	return 0;
+}
+
+/* The iovec array `iov_ptr` of `iovcnt` entries, up to `limit` bytes (the
+ * bytes moved, capped by capture_bytes). `loop`: the kernel has bpf_loop
+ * (5.17+; the agent loads this program's `_compat` twin otherwise, which
+ * holds no bpf_loop callback for older kernels to refuse). */
+static __always_inline int data_iov(struct data_out *o, struct tt_data_event *e, __u64 iov_ptr, __u32 iovcnt,
+				    __u32 limit, const bool loop)
+{
+	if (!loop || !data_direct())
+		return submit_staged(o->s, copy_iov(o->s->payload, iov_ptr, iovcnt, limit));
+	struct iov_walk w = {
+		.o = o,
+		.iov = (const struct iovec *)iov_ptr,
+		.limit = limit,
+	};
+	bpf_loop(iovcnt < MAX_IOV ? iovcnt : MAX_IOV, iov_step, &w, 0);
+	return submit_direct(o, e, w.off);
+}
+
+#endif /* TOKENTRACE_DATA_RECORD_BPF_H */
