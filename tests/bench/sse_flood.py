@@ -23,6 +23,11 @@ and a client that reads them as fast as it can.
       loopback TCP connection whose other end a second thread drains.
       Prints READY <pid>, waits for a line on stdin, runs S seconds, prints
       one JSON line {"writes", "seconds", "writes_per_s"}.
+  python3 tests/bench/sse_flood.py pingpong --seconds S
+      Context switches alone: two threads pass one byte back and forth over
+      two pipes (each hand-over blocks one thread and wakes the other).
+      Prints READY <pid>, waits for a line on stdin, runs S seconds, prints
+      one JSON line {"round_trips", "seconds", "round_trips_per_s"}.
 Stdlib only; loopback only; bounded by --seconds.
 """
 
@@ -240,6 +245,32 @@ def write_loop(args):
     print(json.dumps({"writes": writes, "seconds": elapsed, "writes_per_s": writes / elapsed}), flush=True)
 
 
+def pingpong(args):
+    ping_r, ping_w = os.pipe()
+    pong_r, pong_w = os.pipe()
+
+    def echo():
+        while os.read(ping_r, 1) == b"p":
+            os.write(pong_w, b"p")
+
+    threading.Thread(target=echo, daemon=True).start()
+    print("READY %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+    trips = 0
+    start = time.monotonic()
+    deadline = start + args.seconds
+    while True:
+        for _ in range(200):
+            os.write(ping_w, b"p")
+            os.read(pong_r, 1)
+        trips += 200
+        if time.monotonic() >= deadline:
+            break
+    elapsed = time.monotonic() - start
+    os.write(ping_w, b"q")
+    print(json.dumps({"round_trips": trips, "seconds": elapsed, "round_trips_per_s": trips / elapsed}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -260,6 +291,8 @@ def main():
     loop.add_argument("--seconds", type=float, default=3.0)
     writes = sub.add_parser("write-loop")
     writes.add_argument("--seconds", type=float, default=3.0)
+    pp = sub.add_parser("pingpong")
+    pp.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
     if args.mode == "server":
         if args.tls and not (args.certfile and args.keyfile):
@@ -269,6 +302,8 @@ def main():
         client(args)
     elif args.mode == "write-loop":
         write_loop(args)
+    elif args.mode == "pingpong":
+        pingpong(args)
     else:
         ssl_loop(args)
 

@@ -35,7 +35,14 @@
 //! uprobe attach mode side by side in each round (`--uprobe-mode
 //! uprobe_multi|perf_event|tracefs`), so their ratios compare in one run.
 //!
-//! `--only sse|cuda|tls|untraced|grpc|vllm` runs one section. Results go to target/bench/.
+//! Kernel (`kernel.rs`): the probes' cost inside the kernel: flood CPU per
+//! chunk (server + agent against the untraced server), BPF ns per run of
+//! each program (traced and untraced hits apart), the untraced syscall and
+//! context-switch taxes, peak RSS broken down, time to ready.
+//!
+//! `--only sse|cuda|tls|untraced|grpc|vllm|kernel` runs those sections (a
+//! comma list: `--only sse,kernel`); `--agent PATH` benches that agent
+//! binary instead of building this tree's. Results go to target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -52,6 +59,7 @@ use agent::{summary, TracingAgent};
 
 mod agent;
 mod grpc;
+mod kernel;
 mod replay;
 mod tls;
 mod untraced;
@@ -60,10 +68,13 @@ mod vllm;
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|vllm] | cargo xtask bench replay [...]";
+                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|vllm|kernel[,...]] [--agent PATH] \
+                     | cargo xtask bench replay [...]";
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Options {
+    /// The agent binary to bench (default: this tree's, built in release).
+    agent: Option<std::path::PathBuf>,
     rounds: u32,
     seconds: f64,
     connections: u32,
@@ -75,10 +86,12 @@ struct Options {
     untraced: bool,
     grpc: bool,
     vllm: bool,
+    kernel: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
     let mut opts = Options {
+        agent: None,
         rounds: 4,
         seconds: 3.0,
         connections: 2,
@@ -89,6 +102,7 @@ fn parse(args: &[String]) -> Result<Options> {
         untraced: true,
         grpc: true,
         vllm: true,
+        kernel: true,
     };
     for (flag, value) in flag_values(args)? {
         match flag {
@@ -96,16 +110,25 @@ fn parse(args: &[String]) -> Result<Options> {
             "--seconds" => opts.seconds = value.parse()?,
             "--connections" => opts.connections = value.parse()?,
             "--launch-seconds" => opts.launch_seconds = value.parse()?,
+            "--agent" => opts.agent = Some(value.into()),
             "--only" => {
-                opts.sse = value == "sse";
-                opts.cuda = value == "cuda";
-                opts.tls = value == "tls";
-                opts.untraced = value == "untraced";
-                opts.grpc = value == "grpc";
-                opts.vllm = value == "vllm";
-                if !(opts.sse || opts.cuda || opts.tls || opts.untraced || opts.grpc || opts.vllm) {
-                    bail!("{USAGE}");
+                let only: Vec<&str> = value.split(',').map(str::trim).collect();
+                const SECTIONS: [&str; 7] =
+                    ["sse", "cuda", "tls", "untraced", "grpc", "vllm", "kernel"];
+                if let Some(bad) = only.iter().find(|s| !SECTIONS.contains(s)) {
+                    bail!(
+                        "--only: unknown section {bad:?}; sections: {}\n{USAGE}",
+                        SECTIONS.join(", ")
+                    );
                 }
+                let on = |name: &str| only.contains(&name);
+                opts.sse = on("sse");
+                opts.cuda = on("cuda");
+                opts.tls = on("tls");
+                opts.untraced = on("untraced");
+                opts.grpc = on("grpc");
+                opts.vllm = on("vllm");
+                opts.kernel = on("kernel");
             }
             _ => bail!("{USAGE}"),
         }
@@ -227,8 +250,16 @@ pub fn run(args: &[String]) -> Result<()> {
         bail!("the benchmark loads eBPF programs: run it as root");
     }
     util::ensure_tracefs()?;
-    util::cargo(&["build", "--release", "-p", "tokentrace"])?;
-    let agent_bin = util::target_dir().join("release/tokentrace");
+    let agent_bin = match &opts.agent {
+        Some(path) => {
+            anyhow::ensure!(path.is_file(), "--agent {}: no such file", path.display());
+            path.clone()
+        }
+        None => {
+            util::cargo(&["build", "--release", "-p", "tokentrace"])?;
+            util::target_dir().join("release/tokentrace")
+        }
+    };
     let mut report = String::new();
     if opts.sse {
         sse(&agent_bin, &opts, &mut report)?;
@@ -249,6 +280,9 @@ pub fn run(args: &[String]) -> Result<()> {
     if opts.vllm {
         vllm::run(&agent_bin, &opts, &mut report)?;
     }
+    if opts.kernel {
+        kernel::run(&agent_bin, &opts, &mut report)?;
+    }
     let dir = util::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;
     std::fs::write(dir.join("overhead.txt"), report)?;
@@ -256,7 +290,7 @@ pub fn run(args: &[String]) -> Result<()> {
 }
 
 fn sse(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
-    let opts = *opts;
+    let opts = opts.clone();
     let port = free_port()?;
     let server = start_server(FLOOD, &["server", "--port", &port.to_string()])?;
     let server_pid = server.0.id();

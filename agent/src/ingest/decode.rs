@@ -292,13 +292,17 @@ fn decode_cuda_sync(record: &[u8]) -> Result<Event, DecodeError> {
 
 fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
     let raw: tt_data_event = read(record, "data record")?;
-    let payload = &record[std::mem::size_of::<tt_data_event>()..];
-    if payload.len() != raw.captured as usize || raw.captured > raw.len {
+    let room = &record[std::mem::size_of::<tt_data_event>()..];
+    // The probes reserve room for the bytes they mean to copy; a copy that
+    // faulted part way leaves the tail unwritten and `captured` says how
+    // much is real. Fewer bytes than claimed is a broken record.
+    if room.len() < raw.captured as usize || raw.captured > raw.len {
         return Err(DecodeError::PayloadMismatch {
             claimed: raw.captured,
-            present: payload.len(),
+            present: room.len(),
         });
     }
+    let payload = &room[..raw.captured as usize];
     Ok(Event::Data(DataEvent {
         conn: ConnId {
             pid: raw.hdr.tgid,
@@ -454,6 +458,14 @@ mod tests {
                 present: 4
             })
         );
+        // Room past `captured` (a copy that faulted part way) is not payload.
+        let mut partial = data_record(b"abcdef", 6);
+        let captured = std::mem::offset_of!(tt_data_event, captured);
+        partial[captured..captured + 4].copy_from_slice(&4u32.to_ne_bytes());
+        match decode(&partial) {
+            Ok(Event::Data(data)) => assert_eq!(data.payload, b"abcd"),
+            other => panic!("a partly copied record decodes: {other:?}"),
+        }
         let mut unknown = data_record(b"", 0);
         unknown[0] = 99;
         assert_eq!(decode(&unknown), Err(DecodeError::UnknownKind(99)));

@@ -149,8 +149,10 @@ struct tt_event_header {
 };
 
 /* One read- or write-family syscall on a TCP socket. The record on the
- * ring buffer is this struct immediately followed by `captured` payload
- * bytes (the first `captured` of the `len` bytes moved). */
+ * ring buffer is this struct immediately followed by at least `captured`
+ * payload bytes (the first `captured` of the `len` bytes moved); room past
+ * `captured` (a copy into the reserved record that faulted part way) is
+ * not payload. */
 struct tt_data_event {
 	struct tt_event_header hdr; /* hdr.ts_ns = syscall exit */
 	__u64 ts_enter_ns;

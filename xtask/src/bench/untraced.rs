@@ -49,24 +49,30 @@ fn start_agent(
 }
 
 /// One write-loop run: writes/s.
-fn write_loop(seconds: f64) -> Result<f64> {
+pub(super) fn write_loop(seconds: f64) -> Result<f64> {
+    gated_loop("write-loop", "writes_per_s", seconds)
+}
+
+/// One run of a gated sse_flood.py loop (`write-loop`, `pingpong`): the
+/// JSON number `key` of its result line.
+pub(super) fn gated_loop(mode: &str, key: &str, seconds: f64) -> Result<f64> {
     let mut child = Command::new("python3")
         .arg(util::root().join(FLOOD))
-        .args(["write-loop", "--seconds", &seconds.to_string()])
+        .args([mode, "--seconds", &seconds.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .spawn()
-        .context("starting the write loop")?;
-    let mut out = BufReader::new(child.stdout.take().context("write-loop stdout")?);
-    let mut stdin = child.stdin.take().context("write-loop stdin")?;
+        .with_context(|| format!("starting the {mode} loop"))?;
+    let mut out = BufReader::new(child.stdout.take().context("loop stdout")?);
+    let mut stdin = child.stdin.take().context("loop stdin")?;
     let _guard = Guard(child);
     let mut line = String::new();
     out.read_line(&mut line)?;
-    anyhow::ensure!(line.starts_with("READY"), "write-loop printed {line:?}");
+    anyhow::ensure!(line.starts_with("READY"), "{mode} printed {line:?}");
     stdin.write_all(b"go\n")?;
     line.clear();
     out.read_line(&mut line)?;
-    json_number(&line, "writes_per_s").with_context(|| format!("write-loop printed {line:?}"))
+    json_number(&line, key).with_context(|| format!("{mode} printed {line:?}"))
 }
 
 pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {

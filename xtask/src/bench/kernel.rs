@@ -1,0 +1,346 @@
+//! The `kernel` section of `cargo xtask bench`: what the probes cost inside
+//! the kernel, to the traced server and to everyone else.
+//!
+//! - **flood**: the SSE flood server (`sse_flood.py`, one send() per chunk)
+//!   in rounds alternating without and with the agent: the server's CPU
+//!   per chunk (utime + stime of all its threads), the agent's, and the
+//!   ratio of (server + agent) traced to the server untraced; the agent's
+//!   time from start to `ready` and its peak RSS, broken down from
+//!   /proc/PID/smaps (ring buffer and map mmaps, heap, the rest) and the
+//!   kernel memory of its maps (fdinfo `memlock`).
+//! - **BPF ns per run**: `kernel.bpf_stats_enabled` on for one more flood
+//!   round (traced hits dominate the server's programs) and for untraced
+//!   loops while the agent traces an idle process (every hit untraced):
+//!   run_time_ns / run_cnt of each of the agent's programs (read from its
+//!   prog fds' fdinfo), apart per phase. The stats add their own cost (two
+//!   clock reads per run), so the ratios above are measured without them.
+//! - **untraced syscall tax**: `sse_flood.py write-loop` (16-byte send()s
+//!   and a draining recv() thread, untraced) without / with the agent.
+//! - **context-switch tax**: `sse_flood.py pingpong` (two untraced threads
+//!   passing a byte over two pipes) without / with the agent.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use super::untraced::gated_loop;
+use super::{cpu_ticks, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
+use crate::util::{free_port, start_server, Guard};
+
+const CLK_TCK: f64 = 100.0; // USER_HZ on Linux
+
+/// run_time_ns and run_cnt of each of `pid`'s BPF programs, by name.
+fn prog_stats(pid: u32) -> Result<BTreeMap<String, (u64, u64)>> {
+    let mut by_id: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        let field = |key: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(key))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        if let (Some(id), Some(ns), Some(cnt)) =
+            (field("prog_id:"), field("run_time_ns:"), field("run_cnt:"))
+        {
+            by_id.insert(id, (ns, cnt));
+        }
+    }
+    let out = Command::new("bpftool")
+        .args(["prog", "show", "-j"])
+        .output()
+        .context("running bpftool prog show")?;
+    let progs: serde_json::Value =
+        serde_json::from_slice(&out.stdout).context("bpftool prog show -j output")?;
+    let mut stats = BTreeMap::new();
+    for prog in progs.as_array().into_iter().flatten() {
+        let (Some(id), Some(name)) = (prog["id"].as_u64(), prog["name"].as_str()) else {
+            continue;
+        };
+        if let Some(&(ns, cnt)) = by_id.get(&id) {
+            let e = stats.entry(name.to_string()).or_insert((0, 0));
+            e.0 += ns;
+            e.1 += cnt;
+        }
+    }
+    Ok(stats)
+}
+
+/// Per-program ns/run between two snapshots, for programs that ran.
+fn stats_delta(
+    before: &BTreeMap<String, (u64, u64)>,
+    after: &BTreeMap<String, (u64, u64)>,
+) -> Vec<(String, f64, u64)> {
+    let mut rows: Vec<(String, f64, u64)> = after
+        .iter()
+        .filter_map(|(name, &(ns, cnt))| {
+            let (ns0, cnt0) = before.get(name).copied().unwrap_or((0, 0));
+            let runs = cnt.saturating_sub(cnt0);
+            (runs > 0).then(|| (name.clone(), (ns - ns0) as f64 / runs as f64, runs))
+        })
+        .collect();
+    rows.sort_by(|a, b| b.2.cmp(&a.2));
+    rows
+}
+
+fn format_stats(rows: &[(String, f64, u64)]) -> String {
+    rows.iter()
+        .map(|(name, ns, runs)| format!("{name} {ns:.0} ns x {runs}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `kernel.bpf_stats_enabled` = 1 while alive, restored on drop.
+struct BpfStats(String);
+
+impl BpfStats {
+    fn enable() -> Result<Self> {
+        const PATH: &str = "/proc/sys/kernel/bpf_stats_enabled";
+        let old = std::fs::read_to_string(PATH).context("reading kernel.bpf_stats_enabled")?;
+        std::fs::write(PATH, "1").context("enabling kernel.bpf_stats_enabled")?;
+        Ok(Self(old.trim().to_string()))
+    }
+}
+
+impl Drop for BpfStats {
+    fn drop(&mut self) {
+        if let Err(err) = std::fs::write("/proc/sys/kernel/bpf_stats_enabled", &self.0) {
+            eprintln!("bench: restoring kernel.bpf_stats_enabled: {err}");
+        }
+    }
+}
+
+/// The agent's RSS by kind, from /proc/PID/smaps: (ring buffer + BPF map
+/// mmaps, heap and anonymous memory, everything else), in KiB.
+fn rss_breakdown(pid: u32) -> Result<(u64, u64, u64)> {
+    let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    let (mut bpf, mut anon, mut other) = (0, 0, 0);
+    let mut kind = 2;
+    for line in smaps.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            // a mapping's header: "start-end perms offset dev inode [path]"
+            let path = line.split_whitespace().nth(5).unwrap_or("");
+            kind = if path.contains("bpf") {
+                0
+            } else if path.is_empty() || path == "[heap]" || path.starts_with("[anon") {
+                1
+            } else {
+                2
+            };
+        } else if let Some(kib) = line.strip_prefix("Rss:") {
+            let kib: u64 = kib
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            match kind {
+                0 => bpf += kib,
+                1 => anon += kib,
+                _ => other += kib,
+            }
+        }
+    }
+    Ok((bpf, anon, other))
+}
+
+/// Kernel memory of the agent's maps (fdinfo `memlock`), in KiB, and the
+/// largest (the ring buffer).
+fn map_memlock_kib(pid: u32) -> Result<(u64, u64)> {
+    let (mut total, mut largest) = (0u64, 0u64);
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
+            continue;
+        };
+        if !text.contains("map_type:") {
+            continue;
+        }
+        if let Some(bytes) = text
+            .lines()
+            .find_map(|l| l.strip_prefix("memlock:"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            total += bytes / 1024;
+            largest = largest.max(bytes / 1024);
+        }
+    }
+    Ok((total, largest))
+}
+
+struct FloodRound {
+    chunks: f64,
+    server_ticks: u64,
+    agent_ticks: u64,
+}
+
+fn flood_round(
+    port: u16,
+    server_pid: u32,
+    agent: Option<u32>,
+    opts: &Options,
+) -> Result<FloodRound> {
+    let server0 = cpu_ticks(server_pid)?;
+    let agent0 = agent.map(cpu_ticks).transpose()?.unwrap_or(0);
+    let rate = flood_client(port, opts.connections, opts.seconds, false)?;
+    let server_ticks = cpu_ticks(server_pid)? - server0;
+    let agent_ticks = agent.map(cpu_ticks).transpose()?.unwrap_or(0) - agent0;
+    Ok(FloodRound {
+        chunks: rate * opts.seconds,
+        server_ticks,
+        agent_ticks,
+    })
+}
+
+fn us_per_chunk(ticks: u64, chunks: f64) -> f64 {
+    ticks as f64 / CLK_TCK * 1e6 / chunks.max(1.0)
+}
+
+pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
+    let mut out = String::new();
+    let port = free_port()?;
+    let server = start_server(FLOOD, &["server", "--port", &port.to_string()])?;
+    let server_pid = server.0.id();
+    flood_client(port, opts.connections, 1.0, false)?; // warm-up
+
+    // ---- flood, alternating, no bpf_stats
+    let (mut base, mut server_traced, mut agent_us, mut ratio, mut ready_ms) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut peak = (0u64, (0, 0, 0), (0, 0));
+    for round in 0..opts.rounds {
+        let b = flood_round(port, server_pid, None, opts)?;
+        let started = Instant::now();
+        let agent = TracingAgent::start(agent_bin, server_pid)?;
+        let ready = started.elapsed().as_secs_f64() * 1e3;
+        let t = flood_round(port, server_pid, Some(agent.pid), opts)?;
+        std::thread::sleep(Duration::from_millis(300));
+        let rss = peak_rss_kib(agent.pid)?;
+        if rss >= peak.0 {
+            peak = (rss, rss_breakdown(agent.pid)?, map_memlock_kib(agent.pid)?);
+        }
+        agent.stop()?;
+        let (sb, st, ag) = (
+            us_per_chunk(b.server_ticks, b.chunks),
+            us_per_chunk(t.server_ticks, t.chunks),
+            us_per_chunk(t.agent_ticks, t.chunks),
+        );
+        let line = format!(
+            "kernel flood round {round}: server {sb:.2} µs/chunk untraced ({:.0} chunks), {st:.2} traced ({:.0} chunks); agent {ag:.2} µs/chunk; CPU per chunk ratio {:.3}; ready {ready:.0} ms; agent peak RSS {rss} KiB\n",
+            b.chunks,
+            t.chunks,
+            (st + ag) / sb
+        );
+        eprint!("{line}");
+        out.push_str(&line);
+        ratio.push((st + ag) / sb);
+        base.push(sb);
+        server_traced.push(st);
+        agent_us.push(ag);
+        ready_ms.push(ready);
+    }
+    let (sb, st, ag) = (
+        median(&mut base),
+        median(&mut server_traced),
+        median(&mut agent_us),
+    );
+    let (rss, (bpf_kib, anon_kib, other_kib), (memlock, ring)) = peak;
+    out.push_str(&format!(
+        "kernel flood ({} connection(s), {} s rounds, {} rounds, sse_flood.py: one send() per chunk): flood CPU per chunk ratio {:.3} (median; (server + agent) traced / server untraced); agent {ag:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {:+.2} µs per chunk added; time to ready median {:.0} ms\n",
+        opts.connections,
+        opts.seconds,
+        opts.rounds,
+        median(&mut ratio),
+        st - sb,
+        median(&mut ready_ms),
+    ));
+    out.push_str(&format!(
+        "agent peak RSS {rss} KiB: ring buffer and map mmaps {bpf_kib} KiB, heap and anonymous {anon_kib} KiB, binary and other file mappings {other_kib} KiB (resident at the peak round's end); kernel memory of its maps {memlock} KiB (ring buffer {ring} KiB)\n"
+    ));
+
+    // ---- BPF ns per run: traced flood, then untraced loops
+    {
+        let _stats = BpfStats::enable()?;
+        let agent = TracingAgent::start(agent_bin, server_pid)?;
+        let before = prog_stats(agent.pid)?;
+        let t = flood_round(port, server_pid, Some(agent.pid), opts)?;
+        let after = prog_stats(agent.pid)?;
+        agent.stop()?;
+        let rows = stats_delta(&before, &after);
+        let total_ns: f64 = rows.iter().map(|(_, ns, runs)| ns * *runs as f64).sum();
+        out.push_str(&format!(
+            "BPF ns per run, traced flood (bpf_stats on; the server's programs are traced hits, the client's and the host's untraced): {}; BPF time {:.2} µs per chunk\n",
+            format_stats(&rows),
+            total_ns / 1e3 / t.chunks.max(1.0)
+        ));
+        let idle = Guard(
+            Command::new("sleep")
+                .arg("3600")
+                .spawn()
+                .context("starting an idle process to trace")?,
+        );
+        let agent = TracingAgent::start(agent_bin, idle.0.id())?;
+        let before = prog_stats(agent.pid)?;
+        gated_loop("write-loop", "writes_per_s", opts.seconds)?;
+        gated_loop("pingpong", "round_trips_per_s", opts.seconds)?;
+        let after = prog_stats(agent.pid)?;
+        agent.stop()?;
+        out.push_str(&format!(
+            "BPF ns per run, untraced hits (bpf_stats on; write-loop and pingpong while the agent traces an idle process): {}\n",
+            format_stats(&stats_delta(&before, &after))
+        ));
+    }
+
+    // ---- taxes on untraced processes
+    let idle = Guard(
+        Command::new("sleep")
+            .arg("3600")
+            .spawn()
+            .context("starting an idle process to trace")?,
+    );
+    for (name, mode, key, what) in [
+        (
+            "untraced syscall tax",
+            "write-loop",
+            "writes_per_s",
+            "write-loop: 16-byte send()s on loopback TCP and a recv() drain thread, untraced",
+        ),
+        (
+            "context-switch tax",
+            "pingpong",
+            "round_trips_per_s",
+            "pingpong: two untraced threads passing a byte over two pipes",
+        ),
+    ] {
+        gated_loop(mode, key, 1.0)?; // warm-up
+        let (mut without, mut with) = (Vec::new(), Vec::new());
+        for round in 0..opts.rounds {
+            let b = gated_loop(mode, key, opts.seconds)?;
+            let agent = TracingAgent::start(agent_bin, idle.0.id())?;
+            let w = gated_loop(mode, key, opts.seconds)?;
+            agent.stop()?;
+            eprintln!(
+                "{name} round {round}: {b:.0}/s without agent, {w:.0}/s with: ratio {:.4}",
+                w / b
+            );
+            without.push(b);
+            with.push(w);
+        }
+        let (b, w) = (median(&mut without), median(&mut with));
+        out.push_str(&format!(
+            "{name} ({what}; {} s rounds, {} rounds): median {b:.0}/s without agent, {w:.0}/s with: ratio {:.4} (goal >= 0.98; {:+.3} µs per iteration)\n",
+            opts.seconds,
+            opts.rounds,
+            w / b,
+            1e6 / w - 1e6 / b,
+        ));
+    }
+    drop(idle);
+    drop(server);
+    print!("{out}");
+    report.push_str(&out);
+    Ok(())
+}
