@@ -278,7 +278,7 @@ impl MmapArray {
     fn word(&self, offset: usize) -> Option<&std::sync::atomic::AtomicU32> {
         // SAFETY: in bounds, and aligned: the mapping is page-aligned and
         // offset a multiple of 4; AtomicU32 has u32's layout.
-        (offset % 4 == 0 && offset + 4 <= self.len).then(|| unsafe {
+        (offset.is_multiple_of(4) && offset + 4 <= self.len).then(|| unsafe {
             &*self
                 .ptr
                 .as_ptr()

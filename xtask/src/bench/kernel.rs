@@ -83,7 +83,7 @@ fn stats_delta(
             (runs > 0).then(|| (name.clone(), (ns - ns0) as f64 / runs as f64, runs))
         })
         .collect();
-    rows.sort_by(|a, b| b.2.cmp(&a.2));
+    rows.sort_by_key(|r| std::cmp::Reverse(r.2));
     rows
 }
 
