@@ -159,6 +159,21 @@ def client(args):
     }), flush=True)
 
 
+def timed(seconds, batch, per_batch):
+    """Runs batch() (per_batch operations) until `seconds` have passed; the
+    deadline is checked between batches, so the loop inside stays the work
+    measured. Returns (operations, elapsed seconds)."""
+    count = 0
+    start = time.monotonic()
+    deadline = start + seconds
+    while True:
+        batch()
+        count += per_batch
+        if time.monotonic() >= deadline:
+            break
+    return count, time.monotonic() - start
+
+
 def ssl_loop(args):
     import ssl
 
@@ -195,18 +210,13 @@ def ssl_loop(args):
         pass
     print("READY %d" % os.getpid(), flush=True)
     sys.stdin.readline()
-    iterations = 0
-    start = time.monotonic()
-    deadline = start + args.seconds
-    while True:
+    def batch():
         for _ in range(200):
             srv.write(EVENT)
             cli_in.write(srv_out.read())
             cli.read(65536)
-        iterations += 200
-        if time.monotonic() >= deadline:
-            break
-    elapsed = time.monotonic() - start
+
+    iterations, elapsed = timed(args.seconds, batch, 200)
     print(json.dumps({
         "iterations": iterations,
         "seconds": elapsed,
@@ -231,16 +241,11 @@ def write_loop(args):
     print("READY %d" % os.getpid(), flush=True)
     sys.stdin.readline()
     payload = b"x" * 16
-    writes = 0
-    start = time.monotonic()
-    deadline = start + args.seconds
-    while True:
+    def batch():
         for _ in range(500):
             out.send(payload)
-        writes += 500
-        if time.monotonic() >= deadline:
-            break
-    elapsed = time.monotonic() - start
+
+    writes, elapsed = timed(args.seconds, batch, 500)
     out.close()
     print(json.dumps({"writes": writes, "seconds": elapsed, "writes_per_s": writes / elapsed}), flush=True)
 
@@ -256,17 +261,12 @@ def pingpong(args):
     threading.Thread(target=echo, daemon=True).start()
     print("READY %d" % os.getpid(), flush=True)
     sys.stdin.readline()
-    trips = 0
-    start = time.monotonic()
-    deadline = start + args.seconds
-    while True:
+    def batch():
         for _ in range(200):
             os.write(ping_w, b"p")
             os.read(pong_r, 1)
-        trips += 200
-        if time.monotonic() >= deadline:
-            break
-    elapsed = time.monotonic() - start
+
+    trips, elapsed = timed(args.seconds, batch, 200)
     os.write(ping_w, b"q")
     print(json.dumps({"round_trips": trips, "seconds": elapsed, "round_trips_per_s": trips / elapsed}), flush=True)
 
