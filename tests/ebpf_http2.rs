@@ -632,6 +632,34 @@ fn node_scenario(title: &str, tls: Option<&TlsDir>) {
         &mut failures,
     );
     check_cancelled(&cancel, &cancelled, server.pid(), 3, 11, &mut failures);
+    // Issue 27: every stream's HEADERS arrived while the socket was
+    // tracked (the server was traced before the client connected), the
+    // first streams after the preface included: each is dated by the
+    // segment (or TLS record) that carried it.
+    let undated: Vec<String> = rest
+        .iter()
+        .filter(|a| a.get("socket_wait_ms").is_none_or(Value::is_null))
+        .map(|a| {
+            format!(
+                "{} stream {:?} addr {:?}",
+                str_field(a, "request_id").unwrap_or_default(),
+                a.get("stream_id"),
+                a.get("peer_addr")
+            )
+        })
+        .collect();
+    eprintln!(
+        "{title}: {} of {} streams without socket_wait_ms",
+        undated.len(),
+        rest.len()
+    );
+    if !undated.is_empty() {
+        failures.push(format!(
+            "{} of {} streams have socket_wait_ms null: {undated:?}",
+            undated.len(),
+            rest.len()
+        ));
+    }
     for a in rest.iter().chain(&cancelled) {
         if a.get("tls").and_then(Value::as_bool) != Some(tls.is_some()) {
             failures.push(format!(

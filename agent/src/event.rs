@@ -126,6 +126,11 @@ pub struct DataEvent {
     /// (the kernel's receive path, before any process saw it); `None` when
     /// it arrived before the socket was tracked.
     pub ingress: Option<MonoNs>,
+    /// Ingress: when each range of the read's bytes reached the host (the
+    /// segment, or for TLS plaintext the record, that carried it), in
+    /// offset order; empty when the kernel had none (bytes that came
+    /// before the socket was tracked, recordings made before issue 27).
+    pub marks: Vec<IngressMark>,
     pub direction: Direction,
     pub call: IoCall,
     /// Bytes the syscall really moved.
@@ -147,7 +152,27 @@ pub struct TcpSendState {
     pub unsent_bytes: u32,
 }
 
+/// Bytes `offset .. offset + len` of a read reached the host at `ts`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IngressMark {
+    pub offset: u32,
+    pub len: u32,
+    pub ts: MonoNs,
+}
+
 impl DataEvent {
+    /// When the read's byte at `offset` reached the host, if a mark covers
+    /// it.
+    pub fn arrival_at(marks: &[IngressMark], offset: u64) -> Option<MonoNs> {
+        marks
+            .iter()
+            .find(|m| {
+                let start = u64::from(m.offset);
+                (start..start + u64::from(m.len)).contains(&offset)
+            })
+            .map(|m| m.ts)
+    }
+
     /// True when the capture cap cut this payload short.
     pub fn is_truncated(&self) -> bool {
         (self.payload.len() as u64) < u64::from(self.len)

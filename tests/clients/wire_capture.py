@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Loopback packet capture for the request-ingress tests (root; stdlib only).
 
-  python3 tests/clients/wire_capture.py --port P --out FILE
+  python3 tests/clients/wire_capture.py --port P --out FILE [--payload]
 
 An AF_PACKET socket on ``lo`` with kernel receive timestamps (SO_TIMESTAMPNS,
 taken when the packet entered the host's receive path, before TCP saw it);
@@ -11,6 +11,8 @@ PACKET_HOST), so a time is when the bytes *reached the host*. Prints
 packet with payload to or from port P and exits:
   {"ts": CLOCK_MONOTONIC ns, "src": port, "dst": port, "seq": n,
    "len": payload bytes, "data_event": payload contains b"data: "}
+and, with --payload, "hex": the payload itself (tests/clients/tls_wire.py
+decrypts TLS from it).
 
 Clock: the kernel stamps CLOCK_REALTIME; it is converted with the
 REALTIME - MONOTONIC offset measured at start (the narrowest of 50 reads
@@ -72,6 +74,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--payload", action="store_true")
     args = ap.parse_args()
     offset = wall_offset_ns()
     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
@@ -102,8 +105,11 @@ def main():
         if ts is None or got is None or not got[3]:
             continue
         src, dst, seq, payload = got
-        packets.append({"ts": ts, "src": src, "dst": dst, "seq": seq, "len": len(payload),
-                        "data_event": b"data: " in payload})
+        p = {"ts": ts, "src": src, "dst": dst, "seq": seq, "len": len(payload),
+             "data_event": b"data: " in payload}
+        if args.payload:
+            p["hex"] = payload.hex()
+        packets.append(p)
     with open(args.out, "w") as f:
         for p in packets:
             f.write(json.dumps(p) + "\n")

@@ -28,6 +28,7 @@ pub mod h2;
 pub mod nginx;
 pub mod otel;
 pub mod tls;
+pub mod tls_wire;
 pub mod vllm;
 pub mod wire;
 
@@ -89,8 +90,12 @@ pub fn python() -> String {
     std::env::var("TOKENTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
+/// The agent under test: this build's, or `TOKENTRACE_TEST_AGENT` (another
+/// build's binary, to measure it with the same tests).
 pub fn agent_bin() -> PathBuf {
-    PathBuf::from(env!("CARGO_BIN_EXE_tokentrace"))
+    std::env::var_os("TOKENTRACE_TEST_AGENT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tokentrace")))
 }
 
 /// Lines of a child's stream, kept for failure reports.

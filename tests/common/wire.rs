@@ -31,6 +31,15 @@ pub struct Packet {
 
 impl Capture {
     pub fn start(port: u16) -> Self {
+        Self::start_with(port, false)
+    }
+
+    /// Also keeps every packet's payload (for tests/clients/tls_wire.py).
+    pub fn start_with_payload(port: u16) -> Self {
+        Self::start_with(port, true)
+    }
+
+    fn start_with(port: u16, payload: bool) -> Self {
         let out = std::env::temp_dir().join(format!(
             "tokentrace-wire-{}-{}.jsonl",
             std::process::id(),
@@ -41,6 +50,7 @@ impl Capture {
             .arg(repo_root().join("tests/clients/wire_capture.py"))
             .args(["--port", &port.to_string(), "--out"])
             .arg(&out)
+            .args(payload.then_some("--payload"))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -58,13 +68,19 @@ impl Capture {
         }
     }
 
-    /// Stops the capture; its packets, in time order.
-    pub fn finish(mut self) -> Vec<Packet> {
+    /// Stops the capture; the file it wrote (the caller removes it).
+    pub fn finish_file(mut self) -> PathBuf {
         self.proc.signal(libc::SIGTERM);
         let st = self.proc.wait_timeout(Duration::from_secs(20));
         assert!(st.is_some(), "wire_capture.py did not exit on SIGTERM");
-        let text = std::fs::read_to_string(&self.out).expect("capture output");
-        let _ = std::fs::remove_file(&self.out);
+        self.out
+    }
+
+    /// Stops the capture; its packets, in time order.
+    pub fn finish(self) -> Vec<Packet> {
+        let out = self.finish_file();
+        let text = std::fs::read_to_string(&out).expect("capture output");
+        let _ = std::fs::remove_file(&out);
         let mut packets: Vec<Packet> = text
             .lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())

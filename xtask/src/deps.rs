@@ -29,12 +29,14 @@ const APT_PACKAGES: &[&str] = &[
 /// Pinned: the tests parse its debug output. grpcio: the gRPC server and
 /// client of tests/ebpf_http2.rs, pinned because the tests depend on how its
 /// wheel writes (sendmsg iovecs) and that its TLS is a BoringSSL inside it.
+/// cryptography: tests/clients/tls_wire.py decrypts the TLS wire reference.
 const PIP_PACKAGES: &[&str] = &[
     "fastapi",
     "uvicorn",
     "sse-starlette",
     "rotel==0.0.1a15",
     "grpcio==1.85.1",
+    "cryptography",
 ];
 
 /// Validators of the deployment manifests (tests/deploy_manifests.rs):
@@ -114,7 +116,7 @@ pub fn install(scope: Scope) -> Result<()> {
             "python3",
             &[
                 "-c",
-                "import fastapi, uvicorn, sse_starlette, rotel, grpc; \
+                "import fastapi, uvicorn, sse_starlette, rotel, grpc, cryptography; \
                  assert grpc.__version__ == '1.85.1', grpc.__version__",
             ],
         )

@@ -108,6 +108,7 @@ fn write(at_ms: u64, unsent: u32, nodelay: bool) -> Event {
         ts_enter: at_ms * MS,
         ts_exit: at_ms * MS + 1000,
         ingress: None,
+        marks: Vec::new(),
         direction: Direction::Egress,
         call: IoCall::Write,
         len: 10,

@@ -163,6 +163,7 @@ fn data(direction: Direction, ts: u64, payload: &[u8], len: usize) -> Event {
         addrs: None,
         tcp: None,
         ingress: None,
+        marks: Vec::new(),
     })
 }
 

@@ -13,9 +13,9 @@ use tokentrace_probes::sock::types::{
 };
 
 use crate::event::{
-    ConnEvent, ConnId, CudaSyncCall, CudaSyncEvent, DataEvent, Direction, Event, IoCall,
-    LibraryMapped, ListenEvent, LlmProbe, OffCpuEvent, PeerClose, PeerClosedEvent, ProcEvent,
-    SendHoldEvent, SockAddrs, TcpSendState, TlsHandshakeEvent, UsdtEvent,
+    ConnEvent, ConnId, CudaSyncCall, CudaSyncEvent, DataEvent, Direction, Event, IngressMark,
+    IoCall, LibraryMapped, ListenEvent, LlmProbe, OffCpuEvent, PeerClose, PeerClosedEvent,
+    ProcEvent, SendHoldEvent, SockAddrs, TcpSendState, TlsHandshakeEvent, UsdtEvent,
 };
 
 /// Why a record could not be decoded. Each one is counted, never fatal.
@@ -290,6 +290,23 @@ fn decode_cuda_sync(record: &[u8]) -> Result<Event, DecodeError> {
     }))
 }
 
+/// The record's arrival marks that date something (a count past the array,
+/// which the probes never write, is clamped).
+fn marks(raw: &tt_data_event) -> Vec<IngressMark> {
+    let n = (raw.nmarks as usize).min(raw.marks.len());
+    let mut marks: Vec<IngressMark> = raw.marks[..n]
+        .iter()
+        .filter(|m| m.ts != 0 && m.len != 0)
+        .map(|m| IngressMark {
+            offset: m.offset,
+            len: m.len,
+            ts: m.ts,
+        })
+        .collect();
+    marks.sort_by_key(|m| m.offset);
+    marks
+}
+
 fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
     let raw: tt_data_event = read(record, "data record")?;
     let room = &record[std::mem::size_of::<tt_data_event>()..];
@@ -314,6 +331,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
         ts_enter: raw.ts_enter_ns,
         ts_exit: raw.hdr.ts_ns,
         ingress: nonzero(raw.ingress_ns),
+        marks: marks(&raw),
         direction: direction(raw.direction)?,
         call: io_call(raw.call)?,
         len: raw.len,

@@ -118,7 +118,8 @@ pub struct RequestTimeline {
     /// returned.
     pub accept_wait_ns: Option<u64>,
     /// First request of a TLS connection: its first byte (the ClientHello)
-    /// reached the host → `SSL_do_handshake` succeeded.
+    /// reached the host → the client's Finished did (the kernel's TLS
+    /// record walk), else → `SSL_do_handshake` succeeded.
     pub tls_handshake_ns: Option<u64>,
     /// Values of the configured request-id headers present, in config order
     /// (lower-case names; values only, bounded).

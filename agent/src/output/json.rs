@@ -27,7 +27,8 @@ pub struct JsonTimeline<'a> {
     pub socket_wait_ms: Option<f64>,
     /// First request of a connection: established → `accept()` returned.
     pub accept_wait_ms: Option<f64>,
-    /// First request of a TLS connection: ClientHello arrival →
+    /// First request of a TLS connection: ClientHello arrival → the
+    /// client's Finished arrival (the kernel's TLS record walk), else →
     /// `SSL_do_handshake` succeeded.
     pub tls_handshake_ms: Option<f64>,
     /// TTFT counted from the server's read (what the server itself sees).

@@ -49,6 +49,7 @@ fn data(pid: u32, direction: Direction, ts: u64, payload: &[u8]) -> Event {
         ts_enter: ts,
         ts_exit: ts + 1,
         ingress: None,
+        marks: Vec::new(),
         direction,
         call: match direction {
             Direction::Ingress => IoCall::Read,

@@ -425,6 +425,7 @@ pub(crate) mod tests {
             ts_enter: enter,
             ts_exit: exit,
             ingress: None,
+            marks: Vec::new(),
             direction,
             call,
             len: payload.len() as u32,

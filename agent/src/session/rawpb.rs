@@ -341,6 +341,8 @@ impl TryFrom<Event> for event::Event {
                 ts_enter: d.ts_enter_ns,
                 ts_exit: d.ts_exit_ns,
                 ingress: d.ingress_ns,
+                // Recordings keep only the oldest byte's arrival.
+                marks: Vec::new(),
                 direction: match Direction::try_from(d.direction) {
                     Ok(Direction::Ingress) => event::Direction::Ingress,
                     Ok(Direction::Egress) => event::Direction::Egress,

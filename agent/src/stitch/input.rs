@@ -8,7 +8,7 @@
 //! same on both; only framing that falls inside an unknown run needs a guess,
 //! and each parser documents its own.
 
-use crate::event::{DataEvent, Direction, MonoNs};
+use crate::event::{DataEvent, Direction, IngressMark, MonoNs};
 
 /// A run of bytes from one read or write.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +58,12 @@ pub(crate) struct Io<'a> {
     pub ts: MonoNs,
     /// Ingress: when the read's oldest byte reached the host, if known.
     pub ingress: Option<MonoNs>,
+    /// Ingress: when each range of the syscall's bytes arrived (offsets
+    /// from the syscall's start, not this view's).
+    pub marks: &'a [IngressMark],
+    /// Where this view starts in the syscall (a tail after a protocol
+    /// switch).
+    pub base: u64,
     /// The captured prefix, never longer than the true length.
     pub known: &'a [u8],
     /// Bytes moved after the captured prefix.
@@ -80,6 +86,8 @@ impl<'a> Io<'a> {
         Io {
             ts,
             ingress: ev.ingress,
+            marks: &ev.marks,
+            base: 0,
             known,
             unknown: len - known.len() as u64,
         }
@@ -100,8 +108,30 @@ impl<'a> Io<'a> {
         Io {
             known: &self.known[skip_known..],
             unknown: self.unknown.min(rest),
+            base: self.base + skip,
             ..*self
         }
+    }
+
+    /// When the byte at `at` (from this view's start) reached the host:
+    /// the mark covering it; without marks, the read's oldest byte's
+    /// arrival for the syscall's first byte only.
+    pub(crate) fn arrival_at(&self, at: u64) -> Option<MonoNs> {
+        let offset = self.base + at;
+        if self.marks.is_empty() {
+            return self.ingress.filter(|_| offset == 0);
+        }
+        DataEvent::arrival_at(self.marks, offset)
+    }
+
+    /// The arrival of a request that starts at `at`: as `arrival_at`, but a
+    /// read without marks dates every request in it by its oldest byte
+    /// (HTTP/1.1's behaviour before marks existed).
+    pub(crate) fn request_arrival(&self, at: u64) -> Option<MonoNs> {
+        if self.marks.is_empty() {
+            return self.ingress;
+        }
+        self.arrival_at(at)
     }
 
     pub(crate) fn is_truncated(&self) -> bool {

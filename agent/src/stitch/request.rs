@@ -84,17 +84,23 @@ impl RequestReader {
             }
             self.state = NEW_HEAD;
         }
+        let total = io.known.len() as u64 + io.unknown;
+        let mut after = io.unknown;
         for mut piece in io.pieces() {
             while !piece.is_empty() {
+                // Where in the read this step starts: a request that
+                // starts mid-read (pipelined) is dated by its own segment.
+                let at = total - piece.len() - after;
                 let start = RequestStart {
                     read: io.ts,
-                    ingress: io.ingress,
+                    ingress: io.request_arrival(at),
                 };
                 if let Err(e) = self.step(&mut piece, start, conn, exchanges) {
                     self.state = State::Resync;
                     return Err(e);
                 }
             }
+            after = 0;
         }
         Ok(())
     }

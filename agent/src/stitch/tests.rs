@@ -37,6 +37,8 @@ struct Sim {
     conn: ConnId,
     /// Ingress time the next read reports (the kernel's arrival stamp).
     next_ingress: Option<MonoNs>,
+    /// Arrival marks the next read reports.
+    next_marks: Vec<crate::event::IngressMark>,
 }
 
 impl Sim {
@@ -58,6 +60,7 @@ impl Sim {
             out: Vec::new(),
             conn: conn_id(7, 991),
             next_ingress: None,
+            next_marks: Vec::new(),
         }
     }
 
@@ -94,6 +97,10 @@ impl Sim {
             Direction::Ingress => self.next_ingress.take(),
             Direction::Egress => None,
         };
+        let marks = match direction {
+            Direction::Ingress => std::mem::take(&mut self.next_marks),
+            Direction::Egress => Vec::new(),
+        };
         self.push(Event::Data(DataEvent {
             conn,
             tid: PID + 1,
@@ -101,6 +108,7 @@ impl Sim {
             ts_enter,
             ts_exit,
             ingress,
+            marks,
             direction,
             call,
             len: u32::try_from(len).expect("test lengths fit"),

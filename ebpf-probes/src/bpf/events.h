@@ -32,6 +32,12 @@
 #define MAX_STACK_DEPTH 127
 #endif
 
+/* Arrival marks one data record carries: one per ingress segment whose
+ * bytes the read returned (see struct tt_ingress_mark). */
+#ifndef TT_INGRESS_MARKS
+#define TT_INGRESS_MARKS 8
+#endif
+
 #define TASK_COMM_LEN 16
 #define LLM_ID_LEN 64
 #define EXEC_FILENAME_LEN 128
@@ -137,6 +143,16 @@ struct tt_sock_addrs {
 	__u8 remote_addr[16];
 };
 
+/* When bytes [offset, offset + len) of a read reached the host: the
+ * arrival of the segment that carried them (tcp_probe). For an OpenSSL
+ * read, the arrival of the first byte of the TLS record the plaintext came
+ * from (one mark over the whole read). */
+struct tt_ingress_mark {
+	__u32 offset;
+	__u32 len;
+	__u64 ts;
+};
+
 /* Common prefix of every record: the kind tells the reader which struct
  * follows. */
 struct tt_event_header {
@@ -174,6 +190,12 @@ struct tt_data_event {
 	 * arrived before the socket was tracked). */
 	__u64 ingress_ns;
 	struct tt_sock_addrs addrs;
+	/* Ingress: marks[0 .. nmarks) date the read's bytes by the segment
+	 * (or TLS record) that carried them, in offset order; bytes no mark
+	 * covers are undated. */
+	__u32 nmarks;
+	__u32 _pad3;
+	struct tt_ingress_mark marks[TT_INGRESS_MARKS];
 };
 
 /* accept/accept4 returned a new TCP connection, or close() of a TCP socket

@@ -170,6 +170,7 @@ struct {
 
 #include "sock_state.bpf.h"
 #include "data_record.bpf.h"
+#include "ingress_marks.bpf.h"
 
 /* Keep the record types in BTF so libbpf-cargo generates Rust types. */
 struct tt_data_event _data_event = {};
@@ -352,6 +353,8 @@ static __always_inline int exit_io(long ret, const bool vec, const bool loop)
 		if (st)
 			ingress = read_ingress(sk, st, ret, &newest);
 		note_read(pid_tgid, a.fd, ingress, newest, tls_like(&a));
+		if (st)
+			tls_walk_read(sk, st, a.buf, a.iovcnt, ret);
 	}
 
 	struct ssl_call *in_ssl = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
@@ -381,8 +384,11 @@ static __always_inline int exit_io(long ret, const bool vec, const bool loop)
 	e->tcp_nodelay = 0;
 	e->unsent_bytes = 0;
 	e->ingress_ns = ingress;
+	e->nmarks = 0;
 	if (a.direction == TT_DIR_EGRESS)
 		note_unsent(st, sk, a.ts_enter, e);
+	else
+		fill_ingress_marks(sk, st, ret, e);
 	fill_addrs(sk, &e->addrs);
 	/* Only readv/writev/recvmsg/sendmsg take iovecs (`vec`): the other
 	 * programs carry no iovec walk for the verifier to check. */
@@ -739,8 +745,34 @@ int BPF_UPROBE(ssl_handshake_enter)
 	return ssl_enter(ctx, TT_IO_SSL_HANDSHAKE, TT_DIR_INGRESS, false);
 }
 
+/* The handshake as the TLS walk saw it on the wire: from the ClientHello's
+ * arrival to the client's Finished's, reported once per connection (by
+ * SSL_do_handshake's success or the SSL*'s first read, whichever comes
+ * first: servers drive handshakes through either). */
+static __always_inline int walk_handshake(__u64 ssl, __s32 fd, struct sock *sk, struct tt_tls_walk *w)
+{
+	if (w->reported)
+		return 0;
+	w->reported = 1;
+	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return 0;
+	}
+	fill_header(&e->hdr, TT_EVENT_TLS_HANDSHAKE);
+	e->hdr.ts_ns = w->finished_ns;
+	e->sock_ino = ssl;
+	e->fd = fd;
+	e->reason = 0;
+	e->start_ns = w->hello_ns;
+	fill_addrs(sk, &e->addrs);
+	bpf_ringbuf_submit(e, wakeup_flags());
+	return 0;
+}
+
 /* SSL_do_handshake succeeded: the handshake ran from the arrival of the
- * connection's first byte (the ClientHello) to now. */
+ * connection's first byte (the ClientHello) to now, unless the TLS walk
+ * saw the client's Finished (walk_handshake). */
 static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last_read *lr, __s32 tie)
 {
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = ssl };
@@ -757,6 +789,9 @@ static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last
 		__u64 skey = (__u64)sk;
 		struct sock_state *st = bpf_map_lookup_elem(&sock_states, &skey);
 		fd = *fdp;
+		struct tt_tls_walk *w = bpf_map_lookup_elem(&tls_walks, &skey);
+		if (w && !w->lost && w->finished && w->hello_ns)
+			return walk_handshake(ssl, fd, sk, w);
 		if (st)
 			start = st->first_ingress_ns ? st->first_ingress_ns : st->established_ns;
 	}
@@ -819,6 +854,28 @@ static __always_inline int ssl_return(long ret)
 			p->handshake_taken = 1;
 		return rc == 1 ? handshake_done(c.ssl, pid_tgid, lr, tie) : 0;
 	}
+	/* The handshake as the TLS walk saw it goes first, once the client's
+	 * Finished came: before this call's data record is reserved (the ring
+	 * buffer hands records over in reservation order, and a connection
+	 * that has data already takes no handshake), and whatever the call
+	 * returns (Node's SSL_read that took the Finished wants more). */
+	struct sock *sk = NULL;
+	struct tt_tls_walk *w = NULL;
+	if (fd) {
+		__u64 ino = 0;
+		sk = tcp_sock_of_fd(*fd, &ino);
+		__u64 skey = (__u64)sk;
+		w = sk ? bpf_map_lookup_elem(&tls_walks, &skey) : NULL;
+		if (w && !w->lost && w->finished && w->hello_ns)
+			walk_handshake(c.ssl, *fd, sk, w);
+	}
+	/* An SSL_read that wants more took what its socket's read brought
+	 * (a memory BIO is drained before WANT_READ): that read is no longer
+	 * pending. Left there, it made every later connection's read one of
+	 * two and their SSL*s stayed untied (Node drives its handshakes with
+	 * SSL_read; issue 27). */
+	if (rc <= 0 && lr && fd)
+		consume_read(lr, *fd);
 	if (c.out_len) {
 		/* _ex, and the internal helpers with their arguments: > 0 on
 		 * success (the helpers may return other positive values), the
@@ -863,11 +920,16 @@ static __always_inline int ssl_return(long ret)
 		lr->after_handshake = 0;
 		consume_read(lr, *fd);
 	}
-	if (fd) {
-		__u64 ino = 0;
-		struct sock *sk = tcp_sock_of_fd(*fd, &ino);
-		if (sk)
-			fill_addrs(sk, &e->addrs);
+	e->nmarks = 0;
+	if (sk)
+		fill_addrs(sk, &e->addrs);
+	/* The plaintext's own record dates it (see ingress_marks.bpf.h). */
+	if (w && !w->lost && w->finished && c.direction == TT_DIR_INGRESS) {
+		__u64 ts = tls_take(w, e->len);
+		if (ts) {
+			e->ingress_ns = ts;
+			set_ssl_mark(e, ts);
+		}
 	}
 
 	return data_flat(&out, e, c.buf, limit);
@@ -982,6 +1044,10 @@ int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
 			.est_rcv_nxt = BPF_CORE_READ((struct tcp_sock *)sk, rcv_nxt),
 		};
 		bpf_map_delete_elem(&send_holds, &key); /* see own_sock */
+		/* A walk left by an earlier socket at this address (its
+		 * destruction went unseen) would date this one's records by
+		 * the old queue and never report its handshake. */
+		tls_walk_forget(key);
 		if (!bpf_map_update_elem(&sock_states, &key, &fresh, BPF_ANY))
 			__sync_fetch_and_add(&r->socks, 1);
 		return 0;
@@ -1026,5 +1092,6 @@ int BPF_PROG(on_tcp_destroy, struct sock *sk)
 	bpf_map_delete_elem(&send_holds, &key);
 	if (!bpf_map_delete_elem(&sock_states, &key))
 		port_socks_add(sk, -1);
+	tls_walk_forget(key);
 	return 0;
 }

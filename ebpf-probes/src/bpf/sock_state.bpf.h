@@ -46,7 +46,7 @@
  * a connection (pipelining, a large body). Past the last one, later bytes
  * are dated by the last segment's arrival (never later than the truth for
  * the byte that opens the range, earlier for the bytes after it). */
-#define INGRESS_SEGS 4
+#define INGRESS_SEGS TT_INGRESS_MARKS
 
 struct ingress_seg {
 	__u32 start; /* first new sequence number the segment brought */

@@ -315,15 +315,15 @@ impl H2Conn {
         match (frame.kind, dir) {
             (Kind::Headers, _) => {
                 if dir == Direction::Ingress {
-                    // The read's arrival time is its oldest byte's: this
-                    // HEADERS' own only when it opens the read. Anything
-                    // before it in the read (the preface's SETTINGS, a
-                    // previous call's RST_STREAM, another request sent
-                    // earlier in a segment of its own) may have arrived
-                    // earlier: such a request is timed from the read (seen:
-                    // of 32 grpcio calls started at once on one connection,
-                    // one dated 0.073 ms before its client sent it).
-                    self.open_stream(id, io, at == 0, sink);
+                    // Dated by the segment that carried the frame's first
+                    // byte, not the read's oldest: anything before it in
+                    // the read (the preface's SETTINGS, another request
+                    // sent earlier in a segment of its own) may have
+                    // arrived earlier (seen: of 32 grpcio calls started at
+                    // once on one connection, one dated 0.073 ms before its
+                    // client sent it). Without marks only a HEADERS that
+                    // opens the read is dated.
+                    self.open_stream(id, io, at, sink);
                 } else if let Some(s) = self.streams.get_mut(&id) {
                     s.server_headers_start(io.ts);
                 }
@@ -498,9 +498,9 @@ impl H2Conn {
         }
     }
 
-    /// `dated`: the read's arrival time is this HEADERS' own (it opens the
-    /// read).
-    fn open_stream(&mut self, id: u32, io: &Io<'_>, dated: bool, sink: &mut Sink<'_>) {
+    /// `at`: where in the read this HEADERS frame starts; it is dated by
+    /// the segment (or TLS record) that carried that byte.
+    fn open_stream(&mut self, id: u32, io: &Io<'_>, at: u64, sink: &mut Sink<'_>) {
         if self.streams.contains_key(&id) || id.is_multiple_of(2) || id <= self.last_opened {
             return; // trailers of a request, or a stream we skipped
         }
@@ -521,7 +521,7 @@ impl H2Conn {
         self.opened += 1;
         let start = RequestStart {
             read: io.ts,
-            ingress: io.ingress.filter(|_| dated),
+            ingress: io.arrival_at(at),
         };
         self.windows.stream_opened(id, io.ts);
         let share = self.cap / (self.streams.len() + 1);

@@ -515,6 +515,68 @@ fn a_connection_taken_for_a_server_whose_process_then_writes_the_preface_is_a_cl
     assert_eq!(sim.st.stats().client_connections, 1);
 }
 
+impl Sim {
+    /// A read whose bytes `[offset, next offset)` arrived at the given times.
+    fn read_marked(&mut self, ts: MonoNs, marks: &[(u32, MonoNs)], bytes: impl AsRef<[u8]>) {
+        let len = u32::try_from(bytes.as_ref().len()).expect("test lengths fit");
+        self.next_marks = marks
+            .iter()
+            .enumerate()
+            .map(|(i, &(offset, t))| crate::event::IngressMark {
+                offset,
+                len: marks.get(i + 1).map_or(len, |m| m.0) - offset,
+                ts: t,
+            })
+            .collect();
+        self.next_ingress = marks.first().map(|m| m.1);
+        self.read(ts, bytes);
+    }
+}
+
+#[test]
+fn headers_after_the_preface_in_one_read_are_dated_by_their_own_segment() {
+    // Issue 27: the preface and SETTINGS came at 3, HEADERS of stream 1 at
+    // 7 and of stream 3 at 9, all in one read at 20.
+    let mut sim = Sim::new();
+    let preface = client_start();
+    let s1 = sse_request(1, "a");
+    let s3 = sse_request(3, "b");
+    let o1 = u32::try_from(preface.len()).expect("small");
+    let o3 = o1 + u32::try_from(s1.len()).expect("small");
+    let mut r = preface;
+    r.extend(s1);
+    r.extend(s3);
+    sim.read_marked(20, &[(0, 3), (o1, 7), (o3, 9)], r);
+    for id in [1, 3] {
+        sim.write(30, sse_headers(id));
+        sim.write(40, sse_event(id, 0, true));
+    }
+    let mut out = sim.take();
+    out.sort_by_key(|t| t.stream_id);
+    let starts: Vec<(Option<u32>, u64, Option<u64>)> = out
+        .iter()
+        .map(|t| (t.stream_id, t.request_start, t.socket_wait_ns()))
+        .collect();
+    assert_eq!(starts, [(Some(1), 7, Some(13)), (Some(3), 9, Some(11))]);
+    // A HEADERS no mark covers (its bytes came before the socket was
+    // tracked) stays timed from the read.
+    let mut sim = Sim::new();
+    let mut r = client_start();
+    let o1 = u32::try_from(r.len()).expect("small");
+    r.extend(sse_request(1, "a"));
+    sim.next_marks = vec![crate::event::IngressMark {
+        offset: 0,
+        len: o1,
+        ts: 3,
+    }];
+    sim.next_ingress = Some(3);
+    sim.read(20, r);
+    sim.write(30, sse_headers(1));
+    sim.write(40, sse_event(1, 0, true));
+    let t = sim.one();
+    assert_eq!((t.request_start, t.socket_wait_ns()), (20, None));
+}
+
 #[test]
 fn a_headers_frame_after_any_other_frame_in_one_read_is_not_dated_by_it() {
     let mut sim = Sim::new();
