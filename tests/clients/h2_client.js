@@ -7,7 +7,7 @@
 //       [--requests N] [--concurrency C] [--tokens T] [--tokens-step S]
 //       [--token-delay-ms D] [--ttft-ms F] [--cancel-after K]
 //       [--rid-prefix X] [--pause-after N] [--path /v1/chat/completions]
-//       [--timeout-ms MS]
+//       [--timeout-ms MS] [--keylog FILE]
 //
 // C workers share the session; request j goes to worker j % C, each worker
 // sends its requests one after another, and all workers start once the
@@ -15,6 +15,8 @@
 // x-request-id <prefix><j> and the body {"stream": true, "max_tokens":
 // T + j*S, "token_delay_ms": D, "ttft_ms": F}. --tls: h2 over TLS (ALPN h2,
 // no certificate checks: the test servers use a throw-away self-signed one).
+// --keylog FILE: append the session's TLS secrets to FILE (NSS key log
+// format, as SSLKEYLOGFILE) for tests/clients/tls_wire.py.
 // --pause-after N (with --concurrency 1): after the first N requests print
 // {"paused": N} and wait for a line on stdin, then go on on the same
 // session (for an agent started mid-connection). --cancel-after K: reset
@@ -44,6 +46,7 @@ function parseArgs(argv) {
     host: '127.0.0.1', port: null, tls: false, requests: 1, concurrency: 1,
     tokens: 12, tokensStep: 0, tokenDelayMs: 15, ttftMs: 40, cancelAfter: null,
     ridPrefix: 'h2-', pauseAfter: null, path: '/v1/chat/completions', timeoutMs: 60000,
+    keylog: null,
   };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
@@ -70,6 +73,7 @@ function parseArgs(argv) {
     else if (a === '--pause-after') o.pauseAfter = num();
     else if (a === '--path') o.path = next();
     else if (a === '--timeout-ms') o.timeoutMs = num();
+    else if (a === '--keylog') o.keylog = next();
     else throw new Error(`unknown argument ${a}`);
   }
   if (o.port === null) throw new Error('--port is required');
@@ -200,7 +204,18 @@ async function main() {
     process.exit(2);
   }
   const scheme = o.tls ? 'https' : 'http';
-  const session = http2.connect(`${scheme}://${o.host}:${o.port}`, o.tls ? { rejectUnauthorized: false } : {});
+  const options = o.tls ? { rejectUnauthorized: false } : {};
+  if (o.tls && o.keylog !== null) {
+    // the session's socket cannot take listeners once it is the session's
+    options.createConnection = () => {
+      const s = require('tls').connect({
+        host: o.host, port: o.port, ALPNProtocols: ['h2'], rejectUnauthorized: false,
+      });
+      s.on('keylog', (line) => require('fs').appendFileSync(o.keylog, line));
+      return s;
+    };
+  }
+  const session = http2.connect(`${scheme}://${o.host}:${o.port}`, options);
   session.on('error', (e) => process.stderr.write(`h2_client.js: session error: ${e}\n`));
   await new Promise((resolve, reject) => {
     session.once('connect', resolve);
