@@ -390,6 +390,8 @@ fn node_https(tls: &TlsDir) -> (Proc, u16) {
     )
 }
 
+/// Stops the agent: a clean exit, and its summary counts no TLS request
+/// left untied and no record walk given up.
 fn stop_quietly(agent: &mut Agent) {
     let st = agent.stop();
     assert!(
@@ -397,6 +399,18 @@ fn stop_quietly(agent: &mut Agent) {
         "the agent did not exit cleanly: {st:?}\n{}",
         agent.proc.stderr.tail(30)
     );
+    for (what, pointer) in [
+        (
+            "untied TLS requests",
+            "/tokentrace_summary/stitch/tls_untied",
+        ),
+        ("TLS walks given up", "/tokentrace_summary/tls_walks_lost"),
+        ("TLS records unqueued", "/tokentrace_summary/tls_queue_full"),
+    ] {
+        let n = agent.summary_part(pointer);
+        eprintln!("[test] {what}: {n}");
+        assert_eq!(n, 0, "{what}: {n}");
+    }
 }
 
 /// Node's `https` (OpenSSL in the executable, TLSWrap's memory BIO: the

@@ -501,12 +501,17 @@ impl Agent {
     /// The `inference` part of the summary the agent printed at exit (its
     /// `{"tokentrace_summary": …}` line on stderr).
     pub fn inference_summary(&self) -> Value {
+        self.summary_part("/tokentrace_summary/inference")
+    }
+
+    /// The part at JSON `pointer` of the summary the agent printed at exit.
+    pub fn summary_part(&self, pointer: &str) -> Value {
         self.proc
             .stderr
             .lines()
             .iter()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find_map(|v| v.pointer("/tokentrace_summary/inference").cloned())
+            .find_map(|v| v.pointer(pointer).cloned())
             .unwrap_or_else(|| {
                 panic!(
                     "no tokentrace_summary JSON line on the agent's stderr:\n{}",

@@ -71,6 +71,10 @@ pub struct RunSummary {
     pub untraced_forks: u64,
     /// Probe sets that could not be attached (a process × file × kind).
     pub probe_attach_failures: u64,
+    /// TLS connections whose in-kernel record walk gave up, and records
+    /// its queue had no room for (see ingress_marks.bpf.h).
+    pub tls_walks_lost: u64,
+    pub tls_queue_full: u64,
     pub stitch: StitchStats,
     inference: InferenceCounts,
 }
@@ -171,6 +175,8 @@ struct SummaryJson<'a> {
     channel_waits: u64,
     untraced_forks: u64,
     probe_attach_failures: u64,
+    tls_walks_lost: u64,
+    tls_queue_full: u64,
     inference: InferenceJson,
     stitch: &'a StitchStats,
 }
@@ -202,6 +208,8 @@ impl RunSummary {
             channel_waits: self.channel_waits,
             untraced_forks: self.untraced_forks,
             probe_attach_failures: self.probe_attach_failures,
+            tls_walks_lost: self.tls_walks_lost,
+            tls_queue_full: self.tls_queue_full,
             inference: InferenceJson {
                 usdt_events: inf.usdt_events,
                 cuda_syncs: inf.cuda_syncs,
@@ -278,6 +286,15 @@ impl fmt::Display for RunSummary {
              {} requests that arrived before their socket was tracked (timed from the read)",
             self.stitch.streams_in_flight_at_start, self.stitch.requests_without_ingress
         )?;
+        if self.stitch.tls_untied + self.tls_walks_lost + self.tls_queue_full > 0 {
+            write!(
+                f,
+                "\n  tls: {} requests not tied to their socket (no addresses, timed from the read), \
+                 {} record walks given up and {} records unqueued (those requests dated by \
+                 their socket read)",
+                self.stitch.tls_untied, self.tls_walks_lost, self.tls_queue_full
+            )?;
+        }
         if self.stitch.h2_connections > 0 {
             write!(
                 f,

@@ -390,6 +390,9 @@ pub struct KernelLosses {
     /// Inference records (USDT, CUDA, off-CPU) that did not fit in the
     /// ring buffer.
     pub infer_ringbuf_drops: u64,
+    /// TLS record walks given up, records their queues had no room for.
+    pub tls_walks_lost: u64,
+    pub tls_queue_full: u64,
 }
 
 impl KernelLosses {
@@ -435,6 +438,8 @@ impl KernelCounters {
             scratch_misses: counters.scratch_misses,
             traced_full: counters.traced_full,
             infer_ringbuf_drops,
+            tls_walks_lost: counters.tls_walk_lost,
+            tls_queue_full: counters.tls_queue_full,
         })
     }
 }

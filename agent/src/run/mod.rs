@@ -355,6 +355,8 @@ fn finish(
     let losses = ingest.kernel_counters.read().unwrap_or_default();
     summary.kernel_drops = losses.records_lost();
     summary.untraced_forks = losses.traced_full;
+    summary.tls_walks_lost = losses.tls_walks_lost;
+    summary.tls_queue_full = losses.tls_queue_full;
     summary.probe_attach_failures = ingest.attach_failures.counts().iter().flatten().sum();
     summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
     summary.channel_waits = ingest.stats.channel_waits.load(Ordering::Relaxed);

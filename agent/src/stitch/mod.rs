@@ -101,6 +101,10 @@ pub struct StitchStats {
     /// Requests whose first byte arrived before their socket was tracked:
     /// reported, with start = the server's read (no `socket_wait_ms`).
     pub requests_without_ingress: u64,
+    /// TLS requests whose `SSL*` was never tied to its socket: no
+    /// addresses, timed from the read (0 for the servers of the suite;
+    /// ebpf_tls_wire.rs holds it there).
+    pub tls_untied: u64,
     /// Connections recognised as HTTP/2 (preface, `h2c` upgrade, or frames
     /// on a connection that predates tracing).
     pub h2_connections: u64,

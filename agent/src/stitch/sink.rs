@@ -28,6 +28,9 @@ impl<'a> Sink<'a> {
         if !timeline.ingress_known {
             self.stats.requests_without_ingress += 1;
         }
+        if timeline.tls && timeline.addrs.is_none() {
+            self.stats.tls_untied += 1;
+        }
         if timeline.chunks_inexact {
             self.stats.chunks_inexact += 1;
         }
