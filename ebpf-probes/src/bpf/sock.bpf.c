@@ -1083,15 +1083,20 @@ int BPF_PROG(on_tcp_reset, struct sock *sk)
 SEC("tp_btf/tcp_destroy_sock")
 int BPF_PROG(on_tcp_destroy, struct sock *sk)
 {
-	if (!port_maybe_traced(sk))
+	/* By now the move to TCP_CLOSE gave the port back (inet_put_port
+	 * zeroes skc_num): the local port is read from inet_sport. Read
+	 * through skc_num, every closed socket's state stayed until the LRU
+	 * evicted it and its port's count never went down. */
+	struct port_ref *r = port_ref_at(bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport)));
+	if (!r || !(r->listener | r->socks))
 		return 0;
 	__u64 key = (__u64)sk;
 
 	if (!bpf_map_lookup_elem(&sock_states, &key))
 		return 0;
 	bpf_map_delete_elem(&send_holds, &key);
-	if (!bpf_map_delete_elem(&sock_states, &key))
-		port_socks_add(sk, -1);
+	if (!bpf_map_delete_elem(&sock_states, &key) && r->socks)
+		__sync_fetch_and_add(&r->socks, -1);
 	tls_walk_forget(key);
 	return 0;
 }
