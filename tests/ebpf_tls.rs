@@ -49,7 +49,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::nginx::Nginx;
+use common::nginx::{tls_proxy_block, Nginx};
 use common::tls::TlsDir;
 use common::*;
 
@@ -495,28 +495,6 @@ fn http_get(port: u16, path: &str) -> (u16, String) {
         .and_then(|s| s.parse().ok())
         .unwrap_or_else(|| panic!("bad response to GET {path}: {raw:?}"));
     (status, body.to_string())
-}
-
-/// The server block of nginx terminating TLS on `{port}` and proxying to
-/// `upstream` without buffering.
-fn tls_proxy_block(dir: &TlsDir, upstream: u16) -> String {
-    format!(
-        r#"    server {{
-        listen 127.0.0.1:{{port}} ssl;
-        ssl_certificate {cert};
-        ssl_certificate_key {key};
-        keepalive_timeout 60s;
-        keepalive_requests 10000;
-        location / {{
-            proxy_pass http://127.0.0.1:{upstream};
-            proxy_http_version 1.1;
-            proxy_buffering off;
-            chunked_transfer_encoding on;
-        }}
-    }}"#,
-        cert = dir.cert(),
-        key = dir.key()
-    )
 }
 
 /// nginx terminating TLS in front of tests/servers/stdlib_sse.py, both

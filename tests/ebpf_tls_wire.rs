@@ -25,7 +25,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::nginx::Nginx;
+use common::nginx::{tls_proxy_block, Nginx};
 use common::tls::TlsDir;
 use common::tls_wire::{wire_requests, WireRequest};
 use common::wire::Capture;
@@ -450,27 +450,8 @@ fn root_tls_wire_nginx_socket_bio() {
     require_root("root_tls_wire_nginx_socket_bio");
     let tls = TlsDir::new("wire-nginx");
     let upstream = start_server(ServerKind::Stdlib, &[]);
-    let nginx = Nginx::start(&tls.dir, &nginx_block(&tls, upstream.port));
+    let nginx = Nginx::start(&tls.dir, &tls_proxy_block(&tls, upstream.port));
     let mut agent = start_agent(&Agent::for_pids(&[nginx.worker, upstream.pid()]));
     run_loads("nginx https", nginx.port, &mut agent, |v| v["tls"] == true);
     stop_quietly(&mut agent);
-}
-
-fn nginx_block(tls: &TlsDir, upstream: u16) -> String {
-    format!(
-        r#"    server {{
-        listen 127.0.0.1:{{port}} ssl;
-        ssl_certificate {cert};
-        ssl_certificate_key {key};
-        ssl_protocols TLSv1.2 TLSv1.3;
-        keepalive_timeout 60s;
-        location / {{
-            proxy_pass http://127.0.0.1:{upstream};
-            proxy_http_version 1.1;
-            proxy_buffering off;
-        }}
-    }}"#,
-        cert = tls.cert(),
-        key = tls.key()
-    )
 }

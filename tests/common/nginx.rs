@@ -8,6 +8,7 @@ use std::process::Command;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use super::tls::TlsDir;
 use super::{child_pids, free_port, Proc};
 
 pub fn nginx_bin() -> String {
@@ -118,4 +119,27 @@ impl Drop for Nginx {
             }
         }
     }
+}
+
+/// The server block of nginx terminating TLS on `{port}` and proxying to
+/// `upstream` without buffering.
+pub fn tls_proxy_block(dir: &TlsDir, upstream: u16) -> String {
+    format!(
+        r#"    server {{
+        listen 127.0.0.1:{{port}} ssl;
+        ssl_certificate {cert};
+        ssl_certificate_key {key};
+        ssl_protocols TLSv1.2 TLSv1.3;
+        keepalive_timeout 60s;
+        keepalive_requests 10000;
+        location / {{
+            proxy_pass http://127.0.0.1:{upstream};
+            proxy_http_version 1.1;
+            proxy_buffering off;
+            chunked_transfer_encoding on;
+        }}
+    }}"#,
+        cert = dir.cert(),
+        key = dir.key()
+    )
 }

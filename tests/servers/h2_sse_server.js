@@ -30,38 +30,11 @@
 const http2 = require('http2');
 const fs = require('fs');
 const crypto = require('crypto');
-
-function parseArgs(argv) {
-  const out = { host: '127.0.0.1', port: 8443, tlsCert: null, tlsKey: null };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const next = () => {
-      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
-      return argv[++i];
-    };
-    if (a === '--host') out.host = next();
-    else if (a === '--port') out.port = Number(next());
-    else if (a === '--tls-cert') out.tlsCert = next();
-    else if (a === '--tls-key') out.tlsKey = next();
-    else throw new Error(`unknown argument ${a}`);
-  }
-  if (!Number.isInteger(out.port) || out.port < 0 || out.port > 65535) {
-    throw new Error('--port must be 0..65535');
-  }
-  if ((out.tlsCert === null) !== (out.tlsKey === null)) {
-    throw new Error('--tls-cert and --tls-key go together');
-  }
-  return out;
-}
+const { parseArgs, numberOr, readJsonBody } = require('./sse_args.js');
 
 const mono = () => process.hrtime.bigint().toString();
 const WORDS = ('The quick brown fox jumps over the lazy dog while the model streams ' +
   'tokens one by one to a patient client that measures every gap .').split(' ');
-
-function numberOr(v, d) {
-  const n = Number(v);
-  return Number.isFinite(n) && n >= 0 ? n : d;
-}
 
 function chatStream(stream, headers, body, tReq) {
   const n = Math.floor(numberOr(body.max_tokens, 12));
@@ -122,18 +95,7 @@ function onStream(stream, headers) {
     stream.end('{"error":"not found"}');
     return;
   }
-  const parts = [];
-  stream.on('data', (d) => parts.push(d));
-  stream.on('end', () => {
-    let body = {};
-    try {
-      const v = JSON.parse(Buffer.concat(parts).toString() || '{}');
-      if (v && typeof v === 'object') body = v;
-    } catch (_) {
-      // a bad body streams the defaults
-    }
-    chatStream(stream, headers, body, tReq);
-  });
+  readJsonBody(stream, (body) => chatStream(stream, headers, body, tReq));
 }
 
 function main() {

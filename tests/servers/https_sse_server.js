@@ -19,31 +19,7 @@
 const https = require('https');
 const fs = require('fs');
 const crypto = require('crypto');
-
-function parseArgs(argv) {
-  const out = { host: '127.0.0.1', port: 8443, tlsCert: null, tlsKey: null };
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i];
-    const next = () => {
-      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
-      return argv[++i];
-    };
-    if (a === '--port') out.port = Number(next());
-    else if (a === '--host') out.host = next();
-    else if (a === '--tls-cert') out.tlsCert = next();
-    else if (a === '--tls-key') out.tlsKey = next();
-    else throw new Error(`unknown argument ${a}`);
-  }
-  if (out.tlsCert === null || out.tlsKey === null) {
-    throw new Error('--tls-cert and --tls-key are required');
-  }
-  return out;
-}
-
-function numberOr(v, d) {
-  const n = Number(v);
-  return Number.isFinite(n) && n >= 0 ? n : d;
-}
+const { parseArgs, numberOr, readJsonBody } = require('./sse_args.js');
 
 function stream(req, res, body) {
   const n = Math.floor(numberOr(body.max_tokens, 12));
@@ -79,24 +55,14 @@ function onRequest(req, res) {
     res.end('{"error":"not found"}');
     return;
   }
-  const parts = [];
-  req.on('data', (d) => parts.push(d));
-  req.on('end', () => {
-    let body = {};
-    try {
-      const v = JSON.parse(Buffer.concat(parts).toString() || '{}');
-      if (v && typeof v === 'object') body = v;
-    } catch (_) {
-      // a bad body streams the defaults
-    }
-    stream(req, res, body);
-  });
+  readJsonBody(req, (body) => stream(req, res, body));
 }
 
 function main() {
   let args;
   try {
     args = parseArgs(process.argv.slice(2));
+    if (args.tlsCert === null) throw new Error('--tls-cert and --tls-key are required');
   } catch (e) {
     process.stderr.write(`https_sse_server.js: ${e.message}\n`);
     process.exit(2);
