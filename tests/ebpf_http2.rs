@@ -136,6 +136,8 @@ fn judge(
 ) {
     let tol = if grpc {
         grpcio_tolerance()
+    } else if tls {
+        node_tls_tolerance()
     } else {
         Tolerance::light()
     };
@@ -153,6 +155,20 @@ fn grpcio_tolerance() -> Tolerance {
     Tolerance {
         ttft_p50_ms: 2.0,
         arrival_minus_emit_p50_ms: 2.0,
+        ..Tolerance::light()
+    }
+}
+
+/// node's `http2` over TLS: the server-side view starts at the read, and
+/// node decrypts the record and parses the frames before the handler's
+/// stamp; the client is node too, on the same two cores. In a CI run (load
+/// average 2.6) the best of the two views had min 0.55, p50 1.07 ms. The
+/// medians get 2 ms here; the load-proof bound for this server (agent −
+/// wire TTFT from the decrypted loopback capture, within 0.2 ms) is
+/// ebpf_tls_wire.rs's.
+fn node_tls_tolerance() -> Tolerance {
+    Tolerance {
+        ttft_p50_ms: 2.0,
         ..Tolerance::light()
     }
 }
