@@ -17,6 +17,7 @@ pub mod explain;
 pub mod export;
 #[cfg(test)]
 mod fuzz;
+pub mod hops;
 pub mod ingest;
 pub mod k8s;
 pub mod model;

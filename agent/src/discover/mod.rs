@@ -184,6 +184,10 @@ impl Tracker {
         if !self.selector.is_automatic() {
             return (true, None);
         }
+        if timeline.kind == crate::model::SpanKind::Client {
+            // an upstream call says nothing of what the process serves
+            return (self.endpoints.matches(&timeline.path), None);
+        }
         let pid = timeline.conn.pid;
         let served = self.served.entry(pid).or_default();
         if self.endpoints.matches(&timeline.path) {

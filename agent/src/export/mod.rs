@@ -23,7 +23,6 @@
 //! reported as `tokentrace_export_queue_bytes` (heap bytes, see `heap`).
 
 mod clock;
-mod context;
 mod encode;
 mod error;
 pub mod health;
@@ -52,8 +51,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+pub use crate::model::trace_context::{IdGenerator, RemoteParent};
 pub use clock::WallClock;
-pub use context::{IdGenerator, RemoteParent};
 pub use error::ExportError;
 pub use metrics::AgentCounters;
 pub use otlp::OtlpProtocol;
@@ -305,12 +304,16 @@ impl Exporter {
             return;
         };
         let process = active.resources.get(t.conn.pid, &t.comm);
-        active
-            .shared
-            .metrics
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .record(&process.service, t);
+        if t.kind == crate::model::SpanKind::Server {
+            // the request metrics are the server's; an upstream call is a
+            // span only
+            active
+                .shared
+                .metrics
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .record(&process.service, t);
+        }
 
         let Some(pipe) = &mut active.spans else {
             return;

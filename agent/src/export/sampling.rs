@@ -189,7 +189,7 @@ fn random_bits(trace_id: &[u8; 16]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::context::IdGenerator;
+    use crate::model::trace_context::IdGenerator;
 
     fn config() -> SamplingConfig {
         SamplingConfig {

@@ -28,9 +28,9 @@ use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::{Span, Status};
 
 use super::clock::WallClock;
-use super::context::{IdGenerator, RemoteParent};
 use super::resource::{kv_bool, kv_f64, kv_int, kv_str, kv_str_array};
 use crate::event::MonoNs;
+use crate::model::trace_context::{IdGenerator, RemoteParent};
 use crate::model::{Protocol, RequestTimeline};
 use crate::output::JsonTimeline;
 use crate::units::ms;
@@ -146,12 +146,34 @@ impl Ctx<'_> {
 pub struct Trace {
     pub trace_id: [u8; 16],
     pub parent: Option<RemoteParent>,
+    /// The ids the hop join gave the request (its JSON line shows them):
+    /// the request's own span id, and its parent hop's span.
+    pub span_id: Option<[u8; 8]>,
+    pub local_parent: Option<[u8; 8]>,
 }
 
 impl Trace {
-    /// The caller's trace from the request's `traceparent`, else a new
-    /// trace id. `None` when the caller's trace is not sampled.
+    /// The ids the hop join assigned ([`RequestTimeline::trace`]); without
+    /// them, the caller's trace from the request's `traceparent`, else a
+    /// new trace id. `None` when the caller's trace is not sampled.
     pub fn of(t: &RequestTimeline, ids: &mut IdGenerator) -> Option<Self> {
+        if let Some(tr) = &t.trace {
+            if !tr.sampled() {
+                return None;
+            }
+            let remote = tr.parent_span_id.filter(|_| tr.parent_remote);
+            return Some(Self {
+                trace_id: tr.trace_id,
+                parent: remote.map(|span_id| RemoteParent {
+                    trace_id: tr.trace_id,
+                    span_id,
+                    flags: tr.flags,
+                    tracestate: tr.tracestate.clone(),
+                }),
+                span_id: Some(tr.span_id),
+                local_parent: tr.parent_span_id.filter(|_| !tr.parent_remote),
+            });
+        }
         let parent = t
             .traceparent
             .as_deref()
@@ -161,10 +183,14 @@ impl Trace {
             Some(p) => Some(Self {
                 trace_id: p.trace_id,
                 parent: Some(p),
+                span_id: None,
+                local_parent: None,
             }),
             None => Some(Self {
                 trace_id: ids.trace_id(),
                 parent: None,
+                span_id: None,
+                local_parent: None,
             }),
         }
     }
@@ -207,8 +233,11 @@ pub fn trace_spans(
         ),
         None => (
             trace.trace_id.to_vec(),
-            Vec::new(),
-            String::new(),
+            trace.local_parent.map(|p| p.to_vec()).unwrap_or_default(),
+            t.trace
+                .as_ref()
+                .and_then(|i| i.tracestate.clone())
+                .unwrap_or_default(),
             u32::from(SAMPLED),
         ),
     };
@@ -219,21 +248,18 @@ pub fn trace_spans(
         trace_flags,
     };
 
-    let server_id = ids.span_id();
+    let server_id = trace.span_id.unwrap_or_else(|| ids.span_id());
+    let kind = match t.kind {
+        crate::model::SpanKind::Server => SpanKind::Server,
+        crate::model::SpanKind::Client => SpanKind::Client,
+    };
     let route = t.path.split(['?', '#']).next().unwrap_or_default();
     let name = if route.is_empty() {
         t.method.clone()
     } else {
         format!("{} {route}", t.method)
     };
-    let mut server = ctx.span(
-        server_id,
-        parent_id,
-        &name,
-        SpanKind::Server,
-        t.request_start,
-        t.end,
-    );
+    let mut server = ctx.span(server_id, parent_id, &name, kind, t.request_start, t.end);
     if parent.is_some() {
         server.flags |= FLAG_IS_REMOTE;
     }
@@ -340,10 +366,41 @@ fn server_attributes(t: &RequestTimeline) -> Vec<KeyValue> {
         a.push(kv_int("http.response.status_code", i64::from(status)));
     }
     if let Some(addrs) = t.addrs {
-        a.push(kv_str("server.address", addrs.local.ip().to_string()));
-        a.push(kv_int("server.port", i64::from(addrs.local.port())));
-        a.push(kv_str("client.address", addrs.remote.ip().to_string()));
-        a.push(kv_int("client.port", i64::from(addrs.remote.port())));
+        // the server is the local end of a server span, the peer of a
+        // client span (semantic conventions: server.* and client.* name
+        // the two ends, whichever side reports)
+        let (server, client) = match t.kind {
+            crate::model::SpanKind::Server => (addrs.local, addrs.remote),
+            crate::model::SpanKind::Client => (addrs.remote, addrs.local),
+        };
+        a.push(kv_str("server.address", server.ip().to_string()));
+        a.push(kv_int("server.port", i64::from(server.port())));
+        a.push(kv_str("client.address", client.ip().to_string()));
+        a.push(kv_int("client.port", i64::from(client.port())));
+        if t.kind == crate::model::SpanKind::Client {
+            a.push(kv_str("network.peer.address", server.ip().to_string()));
+            a.push(kv_int("network.peer.port", i64::from(server.port())));
+        }
+    }
+    if let Some(key) = t.trace.as_ref().and_then(|i| i.join_key) {
+        a.push(kv_str("tokentrace.join_key", key.as_str()));
+    }
+    for (name, v) in [
+        ("tokentrace.upstream_wait_ms", j.upstream_wait_ms),
+        ("tokentrace.upstream_ttft_ms", j.upstream_ttft_ms),
+        ("tokentrace.gateway_delivery_ms", j.gateway_delivery_ms),
+        (
+            "tokentrace.gateway_chunk_delay_p50_ms",
+            j.gateway_chunk_delay_p50_ms,
+        ),
+        (
+            "tokentrace.gateway_chunk_delay_max_ms",
+            j.gateway_chunk_delay_max_ms,
+        ),
+    ] {
+        if let Some(v) = v {
+            a.push(kv_f64(name, v));
+        }
     }
     if let Some(error) = error_type(t) {
         a.push(kv_str("error.type", error));

@@ -5,9 +5,9 @@ use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
 use super::clock::WallClock;
-use super::context::IdGenerator;
 use super::resource::{kv_f64, kv_int, kv_str};
 use crate::event::MonoNs;
+use crate::model::trace_context::IdGenerator;
 use crate::model::Firing;
 
 /// The span's name; its attributes are `tokentrace.trigger.*`.

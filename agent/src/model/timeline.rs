@@ -176,6 +176,13 @@ pub struct RequestTimeline {
     /// The engine's own account of the request (queue, prefill, batching,
     /// preemption), when it fires the `llm:*` probes; set by the explainer.
     pub engine: Option<super::EngineView>,
+    /// Which end of the connection the traced process was.
+    pub kind: super::SpanKind,
+    /// Its place in a trace: set by the hop join, before any output.
+    pub trace: Option<super::TraceIds>,
+    /// A gateway's request: where its first token's time went (set by the
+    /// hop join when an upstream call was joined to it).
+    pub upstream: Option<super::UpstreamView>,
     /// [`RequestTimeline::stats`], worked out on first use; read it through
     /// that method.
     pub derived: StatsCache,

@@ -5,7 +5,7 @@
 
 use serde::Serialize;
 
-use crate::model::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
+use crate::model::{AbortReason, BodyKind, JoinKey, Protocol, RequestTimeline, SpanKind, Usage};
 use crate::units::ms;
 
 #[derive(Debug, Serialize)]
@@ -91,6 +91,34 @@ pub struct JsonTimeline<'a> {
     pub batch_steps: Option<u64>,
     pub preemptions: Option<u64>,
     pub preempted_ms: Option<f64>,
+    /// `server` (the process read the request) or `client` (it wrote it:
+    /// a gateway's upstream call, timed from the write of its first byte
+    /// to the arrival of the response's bytes at the host).
+    pub span_kind: SpanKind,
+    /// The same ids as the request's spans (lower-case hex): one trace for
+    /// a gateway's request, its upstream call and the engine's request.
+    pub trace_id: Option<String>,
+    pub span_id: Option<String>,
+    pub parent_span_id: Option<String>,
+    /// What tied this request to its parent hop (`tcp_4tuple`,
+    /// `traceparent`, `request_id`, `response_id`); null for a root or a
+    /// remote parent.
+    pub join_key: Option<&'static str>,
+    /// A gateway's request with a joined upstream call: its arrival → the
+    /// upstream request written; → the upstream's first chunk arrived
+    /// back; → its own first chunk written. They add up to `ttft_ms`.
+    pub upstream_wait_ms: Option<f64>,
+    pub upstream_ttft_ms: Option<f64>,
+    pub gateway_delivery_ms: Option<f64>,
+    /// Per chunk, the gateway's emit − the upstream chunk's arrival.
+    pub gateway_chunk_delay_p50_ms: Option<f64>,
+    pub gateway_chunk_delay_max_ms: Option<f64>,
+    pub upstream_peer_addr: Option<String>,
+}
+
+/// Lower-case hex, as W3C `traceparent` and the tracing backends write ids.
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 impl<'a> JsonTimeline<'a> {
@@ -98,6 +126,7 @@ impl<'a> JsonTimeline<'a> {
         let stats = t.stats();
         let rpc = t.rpc_service_method();
         let engine = t.engine.as_ref();
+        let up = t.upstream.as_ref();
         Self {
             pid: t.conn.pid,
             comm: &t.comm,
@@ -153,6 +182,25 @@ impl<'a> JsonTimeline<'a> {
             batch_steps: engine.map(|e| e.batch_steps),
             preemptions: engine.map(|e| e.preemptions),
             preempted_ms: engine.map(|e| e.preempted_ms),
+            span_kind: t.kind,
+            trace_id: t.trace.as_ref().map(|i| hex(&i.trace_id)),
+            span_id: t.trace.as_ref().map(|i| hex(&i.span_id)),
+            parent_span_id: t
+                .trace
+                .as_ref()
+                .and_then(|i| i.parent_span_id)
+                .map(|p| hex(&p)),
+            join_key: t
+                .trace
+                .as_ref()
+                .and_then(|i| i.join_key)
+                .map(JoinKey::as_str),
+            upstream_wait_ms: up.map(|u| ms(u.wait_ns)),
+            upstream_ttft_ms: up.and_then(|u| u.ttft_ns).map(ms),
+            gateway_delivery_ms: up.and_then(|u| u.delivery_ns).map(ms),
+            gateway_chunk_delay_p50_ms: up.and_then(|u| u.chunk_delay_p50_ns).map(ms),
+            gateway_chunk_delay_max_ms: up.and_then(|u| u.chunk_delay_max_ns).map(ms),
+            upstream_peer_addr: up.and_then(|u| u.peer).map(|a| a.to_string()),
         }
     }
 

@@ -11,6 +11,7 @@ use hdrhistogram::Histogram;
 use serde::Serialize;
 
 use crate::event::Event;
+use crate::hops::HopStats;
 use crate::model::RequestTimeline;
 use crate::stitch::StitchStats;
 use crate::units::ms;
@@ -76,6 +77,8 @@ pub struct RunSummary {
     pub tls_walks_lost: u64,
     pub tls_queue_full: u64,
     pub stitch: StitchStats,
+    /// The hop join's counters.
+    pub hops: HopStats,
     inference: InferenceCounts,
 }
 
@@ -179,6 +182,7 @@ struct SummaryJson<'a> {
     tls_queue_full: u64,
     inference: InferenceJson,
     stitch: &'a StitchStats,
+    hops: &'a HopStats,
 }
 
 #[derive(Debug, Serialize)]
@@ -218,6 +222,7 @@ impl RunSummary {
                 off_cpu_intervals: inf.off_cpu_intervals,
             },
             stitch: &self.stitch,
+            hops: &self.hops,
         };
         serde_json::json!({ "tokentrace_summary": body }).to_string()
     }
@@ -272,11 +277,12 @@ impl fmt::Display for RunSummary {
         )?;
         write!(
             f,
-            "  stitching: {} parse errors, {} truncated writes, {} client connections ignored, \
+            "  stitching: {} parse errors, {} truncated writes, {} client connections ({} client requests), \
              {} TLS ciphertext connections ignored, {} connections evicted",
             self.stitch.parse_errors,
             self.stitch.truncated_writes,
             self.stitch.client_connections,
+            self.stitch.client_requests,
             self.stitch.ciphertext_connections,
             self.stitch.evicted_connections
         )?;
@@ -304,6 +310,23 @@ impl fmt::Display for RunSummary {
                 self.stitch.hpack_unknown_indexes,
                 self.stitch.hpack_lost_blocks,
                 self.stitch.chunks_inexact
+            )?;
+        }
+        let h = &self.hops;
+        let joined =
+            h.joined_tcp_4tuple + h.joined_traceparent + h.joined_request_id + h.joined_response_id;
+        if self.stitch.client_requests + joined > 0 {
+            write!(
+                f,
+                "\n  hops: {joined} joined (tcp 4-tuple {}, traceparent {}, request id {}, response id {}), \
+                 {} client and {} server requests unjoined, {} refused as ambiguous",
+                h.joined_tcp_4tuple,
+                h.joined_traceparent,
+                h.joined_request_id,
+                h.joined_response_id,
+                h.unjoined_client_requests,
+                h.unjoined_server_requests,
+                h.ambiguous
             )?;
         }
         Ok(())

@@ -1,5 +1,5 @@
 //! The pure middle of the agent: events in, explained request timelines
-//! out, used alike by `tokentrace run`, recording sessions and replays.
+//! out (joined into traces across hops by [`crate::hops`]), used alike by `tokentrace run`, recording sessions and replays.
 //! [`Pipeline`] stitches and explains; in a run it also holds the
 //! discovery [`Tracker`], which decides which processes are traced and
 //! which finished requests are reported, and hands what the probes must do
@@ -21,8 +21,11 @@ use std::path::PathBuf;
 use crate::discover::{Change, Tracker};
 use crate::event::{Event, MonoNs};
 use crate::explain::Explainer;
+use crate::hops::{HopStats, Hops};
+use crate::model::trace_context::IdGenerator;
 use crate::model::OpenRequest;
 use crate::model::RequestTimeline;
+use crate::model::SpanKind;
 use crate::stitch::{StitchConfig, StitchStats, Stitcher};
 
 /// What the probes must do about the traced processes, in the order the
@@ -56,20 +59,31 @@ struct Discovery {
 pub struct Pipeline {
     stitcher: Stitcher,
     explainer: Explainer,
+    hops: Hops,
     discovery: Option<Discovery>,
     /// Finished by the stitcher, not yet reviewed and explained.
     pending: Vec<RequestTimeline>,
 }
 
 impl Pipeline {
-    /// Reports every request it finishes (a session, a replay).
+    /// Reports every request it finishes (a session, a replay). Its trace
+    /// and span ids come from a fixed seed, so the same input gives the
+    /// same output; [`Self::with_ids`] gives others.
     pub fn new(stitch: StitchConfig, stall_threshold_ns: u64, history_ns: u64) -> Self {
         Self {
             stitcher: Stitcher::new(stitch),
             explainer: Explainer::new(stall_threshold_ns, history_ns),
+            hops: Hops::new(IdGenerator::with_seed(0)),
             discovery: None,
             pending: Vec::new(),
         }
+    }
+
+    /// Trace and span ids from `ids` (a run's: random; a session's: seeded
+    /// by its start, so its replay names the same ids).
+    pub fn with_ids(mut self, ids: IdGenerator) -> Self {
+        self.hops = Hops::new(ids);
+        self
     }
 
     /// A run's pipeline: `tracker` decides which processes are traced
@@ -124,6 +138,7 @@ impl Pipeline {
     pub fn tick(&mut self, now: MonoNs, idle_ns: u64, out: &mut Vec<RequestTimeline>) {
         self.stitcher.expire_idle(now, idle_ns, &mut self.pending);
         self.explain_pending(out);
+        self.hops.expire(now, out);
         self.explainer.prune(now);
     }
 
@@ -131,6 +146,12 @@ impl Pipeline {
     pub fn finish(&mut self, now: MonoNs, out: &mut Vec<RequestTimeline>) {
         self.stitcher.finish(now, &mut self.pending);
         self.explain_pending(out);
+        self.hops.flush(out);
+    }
+
+    /// The hop join's counters.
+    pub fn hop_stats(&self) -> &HopStats {
+        self.hops.stats()
     }
 
     pub fn stats(&self) -> &StitchStats {
@@ -148,9 +169,15 @@ impl Pipeline {
                     continue;
                 }
             }
-            timeline.stalls = self.explainer.explain(&timeline);
-            timeline.engine = self.explainer.engine_view(&timeline);
-            out.push(timeline);
+            if timeline.kind == SpanKind::Server {
+                // stall causes and the engine's account are the server's
+                timeline.stalls = self.explainer.explain(&timeline);
+                timeline.engine = self.explainer.engine_view(&timeline);
+            }
+            let answers = timeline
+                .addrs
+                .is_some_and(|a| self.stitcher.answers_traced_client(&a));
+            self.hops.push(timeline, answers, out);
         }
     }
 }

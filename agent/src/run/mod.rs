@@ -28,6 +28,7 @@ use crate::discover::libraries::{ProbedFiles, UprobeScope};
 use crate::discover::{EndpointMatcher, Selector, Tracker};
 use crate::event::Event;
 use crate::ingest::Ingest;
+use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
 use crate::probes::{
@@ -248,6 +249,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
             nanos(config.explain.stall_threshold),
             nanos(config.explain.history),
         )
+        .with_ids(IdGenerator::random())
         .with_tracker(tracker, PathBuf::from(PROC)),
         printer: Printer {
             format: args.output,
@@ -274,13 +276,14 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     stages.refresh_gauges();
     let Stages {
         pipeline,
-        summary,
+        mut summary,
         exporter,
         sessions,
         triggers,
         ..
     } = stages;
     Outputs::shut_down(exporter, sessions, triggers).await?;
+    summary.hops = pipeline.hop_stats().clone();
     finish(summary, pipeline.stats(), &ingest, stop)
 }
 

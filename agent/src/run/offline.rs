@@ -84,6 +84,7 @@ impl<W: Write> RecordReplay<W> {
         self.out.flush()?;
         self.summary.decode_errors = self.counts.decode_errors;
         self.summary.stitch = self.pipeline.stats().clone();
+        self.summary.hops = self.pipeline.hop_stats().clone();
         Ok((self.summary, self.counts, self.out))
     }
 
@@ -93,7 +94,9 @@ impl<W: Write> RecordReplay<W> {
 
     fn report(&mut self) -> io::Result<()> {
         for timeline in self.finished.drain(..) {
-            self.summary.record(&timeline);
+            if timeline.kind == crate::model::SpanKind::Server {
+                self.summary.record(&timeline);
+            }
             self.counts.requests += 1;
             self.counts.stalls += timeline.stalls.len() as u64;
             let line = self.format.line(&timeline);

@@ -84,9 +84,14 @@ impl Stages<'_> {
             self.probed.apply(change);
         }
         for timeline in std::mem::take(&mut self.finished) {
-            self.summary.record(&timeline);
+            let served = timeline.kind == crate::model::SpanKind::Server;
+            if served {
+                self.summary.record(&timeline);
+            }
             self.exporter.record(&timeline);
-            self.judge(&timeline);
+            if served {
+                self.judge(&timeline);
+            }
             if !self.quiet && self.printer.print(&timeline).is_err() {
                 return Some(Stop::OutputClosed);
             }

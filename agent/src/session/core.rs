@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::event::{CudaSyncCall, Direction, Event, IoCall, LlmProbe, MonoNs};
+use crate::model::trace_context::IdGenerator;
 use crate::model::RequestTimeline;
 use crate::pipeline::Pipeline;
 use crate::stitch::{StitchConfig, StitchStats};
@@ -233,7 +234,10 @@ impl SessionCore {
                 meta.stitch_config(),
                 meta.stall_threshold_ns,
                 meta.explain_history_ns,
-            ),
+            )
+            .with_ids(IdGenerator::with_seed(
+                meta.started_ns ^ meta.wall_offset_ns as u64,
+            )),
             timelines: Vec::new(),
             threads: Threads::default(),
             counters: SessionCounters::default(),

@@ -15,7 +15,7 @@ use super::request::RequestReader;
 use super::response::{ResponseReader, WriteOutcome};
 use super::sink::Sink;
 use super::timeline::{AbortReason, RequestTimeline};
-use crate::model::OpenRequest;
+use crate::model::{OpenRequest, SpanKind};
 
 /// What the traced process is on this connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,9 +25,14 @@ enum Role {
     /// It reads requests and writes responses: what we trace (HTTP/1.1,
     /// or HTTP/2 once `h2` is set).
     Server,
-    /// Its first bytes out were a request: it is calling another service.
-    /// Ignored until close.
+    /// Its first bytes out were an HTTP/1.1 request: it is calling another
+    /// service (a gateway's upstream). Its requests are parsed from its
+    /// writes and the responses from its reads: client timelines.
     Client,
+    /// Its first bytes out were the HTTP/2 client preface: calling another
+    /// service over HTTP/2, which is not parsed client-side. Ignored until
+    /// close.
+    ClientH2,
     /// It switched protocols (`101`) to something other than HTTP/2
     /// (WebSocket): no longer HTTP. Ignored until close.
     Upgraded,
@@ -180,6 +185,10 @@ impl Connection {
         if self.role == Role::Undecided {
             self.role = self.decide_role(ev.direction, &io, sink);
         }
+        if self.role == Role::Client {
+            self.on_client_data(ev.direction, &io, sink);
+            return;
+        }
         if self.role != Role::Server {
             return;
         }
@@ -194,7 +203,7 @@ impl Connection {
             // first seen mid-way, e.g. nginx's grpc_pass upstream): the
             // preface it writes makes the traced process the client.
             self.h2 = None;
-            self.role = Role::Client;
+            self.role = Role::ClientH2;
             sink.client_connection();
             return;
         }
@@ -250,13 +259,61 @@ impl Connection {
             sink.ciphertext_connection();
             return Role::Ciphertext;
         }
-        if direction == Direction::Egress
-            && (http::begins_with_request_line(known) || h2::begins_with_preface(known))
-        {
+        if direction == Direction::Egress && http::begins_with_request_line(known) {
             sink.client_connection();
             return Role::Client;
         }
+        if direction == Direction::Egress && h2::begins_with_preface(known) {
+            sink.client_connection();
+            return Role::ClientH2;
+        }
         Role::Server
+    }
+
+    /// A client connection: the process's writes are requests (started by
+    /// the write of their first byte), its reads the responses, each piece
+    /// of a read dated by when its bytes reached the host.
+    fn on_client_data(&mut self, direction: Direction, io: &Io<'_>, sink: &mut Sink<'_>) {
+        let mut finished = Vec::new();
+        let result = match direction {
+            Direction::Egress => self.requests.on_read(io, self.id, &mut self.exchanges),
+            Direction::Ingress => {
+                let mut result = Ok(());
+                for piece in io.by_arrival() {
+                    let outcome = self.responses.on_write(
+                        &piece,
+                        self.id,
+                        &mut self.exchanges,
+                        &mut finished,
+                    );
+                    match outcome {
+                        Ok(WriteOutcome::Http) => {}
+                        Ok(WriteOutcome::Upgraded | WriteOutcome::UpgradedH2c { .. }) => {
+                            self.role = Role::Upgraded;
+                            break;
+                        }
+                        Err(err) => {
+                            result = Err(err);
+                            break;
+                        }
+                    }
+                }
+                result
+            }
+        };
+        for timeline in finished {
+            self.emit(timeline, sink);
+        }
+        if let Err(err) = result {
+            sink.parse_error(&err);
+        }
+    }
+
+    /// The addresses of a client connection, keyed as the server end sees
+    /// them mirrored: what the table indexes so the server's requests can
+    /// find the client request they answer.
+    pub(crate) fn outbound_addrs(&self) -> Option<SockAddrs> {
+        (self.role == Role::Client).then_some(self.addrs).flatten()
     }
 
     /// Whether a server connection with no HTTP/1.1 request yet is HTTP/2:
@@ -324,12 +381,14 @@ impl Connection {
         for timeline in finished {
             self.emit(timeline, sink);
         }
-        let reason = if self.peer.left().is_some() {
-            AbortReason::ClientClosed
-        } else if observed && (!self.id.is_tls() || self.addrs.is_some()) {
-            AbortReason::ServerClosed
-        } else {
-            AbortReason::ConnectionClosed
+        let seen = observed && (!self.id.is_tls() || self.addrs.is_some());
+        let reason = match (self.role, self.peer.left().is_some()) {
+            // a client connection's peer is the server
+            (Role::Client, true) => AbortReason::ServerClosed,
+            (Role::Client, false) if seen => AbortReason::ClientClosed,
+            (_, true) => AbortReason::ClientClosed,
+            (_, false) if seen => AbortReason::ServerClosed,
+            _ => AbortReason::ConnectionClosed,
         };
         self.abort(ts, reason, sink);
     }
@@ -352,7 +411,11 @@ impl Connection {
         timeline.comm.clone_from(&self.comm);
         timeline.addrs = self.addrs;
         timeline.tls = self.id.is_tls();
-        judge_client_exit(&mut timeline, self.peer);
+        if self.role == Role::Client {
+            timeline.kind = SpanKind::Client;
+        } else {
+            judge_client_exit(&mut timeline, self.peer);
+        }
         sink.emit(timeline);
     }
 }

@@ -134,6 +134,57 @@ impl<'a> Io<'a> {
         self.arrival_at(at)
     }
 
+    /// The syscall cut where its bytes' arrival changes, each piece dated
+    /// by when its bytes reached the host: how a client's read of several
+    /// response chunks yields each chunk's own arrival. Bytes no mark
+    /// covers are dated by the read's exit (the latest they can have
+    /// arrived); a read without marks, by its oldest byte's arrival when
+    /// known.
+    pub(crate) fn by_arrival(&self) -> Vec<Io<'a>> {
+        let piece = |from: u64, to: u64, ts: MonoNs| {
+            let known_len = self.known.len() as u64;
+            let k = |at: u64| usize::try_from(at.min(known_len)).unwrap_or(usize::MAX);
+            Io {
+                ts: ts.min(self.ts),
+                ingress: None,
+                marks: &[],
+                base: 0,
+                known: &self.known[k(from)..k(to)],
+                unknown: to.max(known_len) - from.max(known_len),
+            }
+        };
+        let total = self.known.len() as u64 + self.unknown;
+        if self.marks.is_empty() {
+            return vec![piece(0, total, self.ingress.unwrap_or(self.ts))];
+        }
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < total {
+            let offset = self.base + at;
+            let covering = self.marks.iter().find(|m| {
+                let start = u64::from(m.offset);
+                (start..start + u64::from(m.len)).contains(&offset)
+            });
+            let (to, ts) = match covering {
+                Some(m) => (u64::from(m.offset) + u64::from(m.len) - self.base, m.ts),
+                None => {
+                    let next = self
+                        .marks
+                        .iter()
+                        .map(|m| u64::from(m.offset))
+                        .filter(|&start| start > offset)
+                        .min()
+                        .map_or(total, |start| start - self.base);
+                    (next, self.ts)
+                }
+            };
+            let to = to.min(total).max(at + 1);
+            out.push(piece(at, to, ts));
+            at = to;
+        }
+        out
+    }
+
     pub(crate) fn is_truncated(&self) -> bool {
         self.unknown > 0
     }
@@ -161,5 +212,53 @@ mod tests {
         assert_eq!(u.len(), 4);
         assert_eq!(u.take(u64::MAX), Bytes::Unknown(4));
         assert!(u.is_empty());
+    }
+
+    fn read(payload: &[u8], len: u32, marks: Vec<IngressMark>) -> DataEvent {
+        DataEvent {
+            direction: Direction::Ingress,
+            ts_enter: 50,
+            ts_exit: 100,
+            ingress: marks.first().map(|m| m.ts),
+            marks,
+            len,
+            payload: payload.to_vec(),
+            conn: crate::event::ConnId::default(),
+            tid: 1,
+            comm: String::new(),
+            call: crate::event::IoCall::Read,
+            addrs: None,
+            tcp: None,
+        }
+    }
+
+    #[test]
+    fn by_arrival_dates_each_segment_and_the_uncovered_rest_by_the_read() {
+        let mark = |offset, len, ts| IngressMark { offset, len, ts };
+        // two segments, then 4 bytes no mark covers, 2 of them uncaptured
+        let ev = read(b"aaabbbbcc", 11, vec![mark(0, 3, 10), mark(3, 4, 20)]);
+        let io = Io::of(&ev);
+        let got: Vec<(MonoNs, &[u8], u64)> = io
+            .by_arrival()
+            .iter()
+            .map(|p| (p.ts, p.known, p.unknown))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (10, &b"aaa"[..], 0),
+                (20, &b"bbbb"[..], 0),
+                (100, &b"cc"[..], 2)
+            ]
+        );
+        // no marks: one piece, dated by the oldest byte when known
+        let mut ev = read(b"abc", 3, Vec::new());
+        ev.ingress = Some(7);
+        let pieces = Io::of(&ev).by_arrival();
+        assert_eq!(pieces.len(), 1);
+        assert_eq!((pieces[0].ts, pieces[0].known), (7, &b"abc"[..]));
+        // a mark later than the read's exit cannot be: clamped
+        let ev = read(b"ab", 2, vec![mark(0, 2, 500)]);
+        assert_eq!(Io::of(&ev).by_arrival()[0].ts, 100);
     }
 }

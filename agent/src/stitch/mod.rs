@@ -36,7 +36,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::event::{Event, MonoNs};
+use crate::event::{Event, MonoNs, SockAddrs};
 
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
@@ -88,8 +88,12 @@ pub struct StitchStats {
     pub parse_errors: u64,
     /// Server writes whose payload the capture cap cut short.
     pub truncated_writes: u64,
-    /// Connections on which the traced process was the client; ignored.
+    /// Connections on which the traced process was the client (its
+    /// upstream calls): HTTP/1.1 ones give client timelines, HTTP/2 ones
+    /// are not parsed.
     pub client_connections: u64,
+    /// Client requests finished (`span_kind: "client"`).
+    pub client_requests: u64,
     /// Sockets carrying TLS records; ignored (their plaintext, when the
     /// OpenSSL probes see it, is a connection of its own).
     pub ciphertext_connections: u64,
@@ -195,5 +199,12 @@ impl Stitcher {
 
     pub fn open_connections(&self) -> usize {
         self.connections.len()
+    }
+
+    /// Whether the far end of a server connection with `addrs` is a
+    /// traced process's client connection (same host): its requests are
+    /// that client's upstream calls.
+    pub fn answers_traced_client(&self, addrs: &SockAddrs) -> bool {
+        self.connections.has_outbound(addrs.remote, addrs.local)
     }
 }

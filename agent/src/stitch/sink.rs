@@ -6,6 +6,7 @@ use tracing::debug;
 use super::error::StitchError;
 use super::timeline::RequestTimeline;
 use super::StitchStats;
+use crate::model::SpanKind;
 
 pub(crate) struct Sink<'a> {
     out: &'a mut Vec<RequestTimeline>,
@@ -20,6 +21,11 @@ impl<'a> Sink<'a> {
     /// Reports a finished request: each request comes through here exactly
     /// once, complete or aborted.
     pub(crate) fn emit(&mut self, timeline: RequestTimeline) {
+        if timeline.kind == SpanKind::Client {
+            self.stats.client_requests += 1;
+            self.out.push(timeline);
+            return;
+        }
         if timeline.aborted {
             self.stats.requests_aborted += 1;
         } else {

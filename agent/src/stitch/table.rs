@@ -17,6 +17,7 @@
 //! fraction of the cost (two B-tree updates per event otherwise).
 
 use std::collections::BTreeSet;
+use std::net::SocketAddr;
 
 use foldhash::HashMap;
 use std::ops::RangeInclusive;
@@ -39,6 +40,9 @@ pub(crate) struct Connections {
     /// `(time filed under, id)` of every entry in `map`, oldest first; the
     /// time is the connection's `recency_ts`, at most its `last_ts`.
     by_recency: BTreeSet<(MonoNs, ConnId)>,
+    /// Client connections by their (local, remote) endpoints: a server
+    /// request whose peer is one of them answers a traced client.
+    outbound: HashMap<TcpEnds, ConnId>,
     config: StitchConfig,
     limits: Limits,
 }
@@ -53,6 +57,7 @@ impl Connections {
             map: HashMap::default(),
             ids: BTreeSet::new(),
             by_recency: BTreeSet::new(),
+            outbound: HashMap::default(),
             config,
             limits,
         }
@@ -73,18 +78,31 @@ impl Connections {
 
     pub(crate) fn on_data(&mut self, ev: &DataEvent, sink: &mut Sink<'_>) {
         let ts = Io::of(ev).ts;
-        if let Some(conn) = self.touch(ev.conn, ts) {
+        let outbound = if let Some(conn) = self.touch(ev.conn, ts) {
             conn.on_data(ev, sink);
-            return;
+            conn.outbound_addrs()
+        } else {
+            self.retire_reused_fd(ev.conn, sink);
+            if !self.map.contains_key(&ev.conn) {
+                let conn = Connection::adopted(ev, &self.limits);
+                self.insert(ev.conn, conn, sink);
+            }
+            self.touch(ev.conn, ts).and_then(|conn| {
+                conn.on_data(ev, sink);
+                conn.outbound_addrs()
+            })
+        };
+        if let Some(addrs) = outbound {
+            self.outbound
+                .entry(TcpEnds::of(addrs.local, addrs.remote))
+                .or_insert(ev.conn);
         }
-        self.retire_reused_fd(ev.conn, sink);
-        if !self.map.contains_key(&ev.conn) {
-            let conn = Connection::adopted(ev, &self.limits);
-            self.insert(ev.conn, conn, sink);
-        }
-        if let Some(conn) = self.touch(ev.conn, ts) {
-            conn.on_data(ev, sink);
-        }
+    }
+
+    /// Whether a traced client connection has `local` and `remote` as its
+    /// own local and remote endpoints.
+    pub(crate) fn has_outbound(&self, local: SocketAddr, remote: SocketAddr) -> bool {
+        self.outbound.contains_key(&TcpEnds::of(local, remote))
     }
 
     pub(crate) fn on_accept(&mut self, ev: &ConnEvent, sink: &mut Sink<'_>) {
@@ -171,6 +189,7 @@ impl Connections {
 
     pub(crate) fn finish(&mut self, now: MonoNs, sink: &mut Sink<'_>) {
         self.by_recency.clear();
+        self.outbound.clear();
         let mut map = std::mem::take(&mut self.map);
         for id in std::mem::take(&mut self.ids) {
             if let Some(conn) = map.remove(&id) {
@@ -252,6 +271,12 @@ impl Connections {
 
     fn remove(&mut self, id: ConnId) -> Option<Connection> {
         let conn = self.map.remove(&id)?;
+        if let Some(addrs) = conn.outbound_addrs() {
+            let ends = TcpEnds::of(addrs.local, addrs.remote);
+            if self.outbound.get(&ends) == Some(&id) {
+                self.outbound.remove(&ends);
+            }
+        }
         self.ids.remove(&id);
         self.by_recency.remove(&(conn.recency_ts, id));
         Some(conn)
@@ -259,6 +284,19 @@ impl Connections {
 
     fn ids(&self, range: RangeInclusive<ConnId>) -> Vec<ConnId> {
         self.ids.range(range).copied().collect()
+    }
+}
+
+/// A TCP connection's (local, remote) endpoints, IPv4-mapped IPv6
+/// addresses as IPv4: a dual-stack listener sees `::ffff:127.0.0.1` where
+/// its client connected from `127.0.0.1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct TcpEnds(SocketAddr, SocketAddr);
+
+impl TcpEnds {
+    fn of(local: SocketAddr, remote: SocketAddr) -> Self {
+        let canon = |a: SocketAddr| SocketAddr::new(a.ip().to_canonical(), a.port());
+        Self(canon(local), canon(remote))
     }
 }
 

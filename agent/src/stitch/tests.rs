@@ -9,7 +9,7 @@ use super::*;
 use crate::event::{
     ConnEvent, ConnId, DataEvent, Direction, IoCall, ListenEvent, ProcEvent, SockAddrs,
 };
-use crate::model::{AbortReason, BodyKind, RequestTimeline, Usage};
+use crate::model::{AbortReason, BodyKind, RequestTimeline, SpanKind, Usage};
 
 const PID: u32 = 4242;
 const COMM: &str = "vllm";
@@ -1038,18 +1038,38 @@ fn forget_process_drops_state_silently() {
 }
 
 #[test]
-fn client_role_connection_is_ignored() {
+fn client_role_connection_gives_client_timelines() {
     let mut sim = Sim::new();
     // The server calls out to another service on this socket.
     sim.write(100, chat_request("upstream", true));
-    sim.read(200, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}");
+    sim.read(
+        200,
+        "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n",
+    );
+    sim.read(250, "12\r\ndata: {\"id\":\"a\"}\n\n\r\n");
+    sim.read(270, "12\r\ndata: {\"id\":\"a\"}\n\n\r\n0\r\n\r\n");
     sim.write(300, get_request("/again"));
     sim.close(400);
-    assert!(sim.take().is_empty());
+    let out = sim.take();
+    assert_eq!(out.len(), 2, "{out:#?}");
+    let first = &out[0];
+    assert_eq!(first.kind, SpanKind::Client);
+    assert_eq!(first.request_start, 100, "start = the request's write");
+    assert!(!first.ingress_known);
+    assert_eq!(first.chunk_ts, vec![250, 270], "chunks = the reads' bytes");
+    assert_eq!(first.response_id.as_deref(), Some("a"));
+    assert!(!first.aborted);
+    // the second request never got its response: the process closed it
+    assert_eq!(out[1].path, "/again");
+    assert_eq!(out[1].abort_reason, Some(AbortReason::ClientClosed));
     let stats = sim.st.stats();
     assert_eq!(stats.client_connections, 1);
+    assert_eq!(stats.client_requests, 2);
     assert_eq!(stats.parse_errors, 0);
-    assert_eq!(stats.requests_aborted, 0);
+    assert_eq!(
+        stats.requests_aborted, 0,
+        "client requests are counted apart"
+    );
 }
 
 #[test]

@@ -5,7 +5,7 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 
 use super::*;
 use crate::event::{ConnId, SockAddrs};
-use crate::export::context::hex;
+use crate::model::trace_context::hex;
 use crate::model::{AbortReason, BodyKind, Usage};
 
 const MS: u64 = 1_000_000;
