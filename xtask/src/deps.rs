@@ -37,6 +37,7 @@ const PIP_PACKAGES: &[&str] = &[
     "rotel==0.0.1a15",
     "grpcio==1.85.1",
     "cryptography",
+    "aiohttp",
 ];
 
 /// Validators of the deployment manifests (tests/deploy_manifests.rs):
@@ -116,7 +117,7 @@ pub fn install(scope: Scope) -> Result<()> {
             "python3",
             &[
                 "-c",
-                "import fastapi, uvicorn, sse_starlette, rotel, grpc, cryptography; \
+                "import fastapi, uvicorn, sse_starlette, rotel, grpc, cryptography, aiohttp; \
                  assert grpc.__version__ == '1.85.1', grpc.__version__",
             ],
         )
