@@ -162,7 +162,7 @@ fn scenario(
         "{title}: the agent did not exit cleanly: {stop:?}\n{}",
         agent.proc.stderr.tail(30)
     );
-    let lines = agent.values();
+    let lines = agent.all_values();
     let mut failures = Vec::new();
     if !missing.is_empty() {
         failures.push(format!("no line for {missing:?}"));

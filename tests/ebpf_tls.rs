@@ -309,7 +309,7 @@ fn check_summary(
     }
     if c.client != client_conns as u64 {
         failures.push(format!(
-            "summary: {} client connections ignored, expected {client_conns}",
+            "summary: {} client connections, expected {client_conns}",
             c.client
         ));
     }

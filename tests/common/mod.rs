@@ -361,7 +361,11 @@ pub struct AgentLine {
 pub struct Agent {
     pub proc: Proc,
     rx: Receiver<AgentLine>,
+    /// Server lines.
     pub lines: Vec<AgentLine>,
+    /// Client lines (`span_kind: "client"`): traced processes' upstream
+    /// calls.
+    pub client_lines: Vec<AgentLine>,
     pub non_json: LogTail,
     pub ready_after: Duration,
 }
@@ -492,6 +496,7 @@ pub fn start_agent_command(command: &[String], args: &[String], env: &[(&str, &s
         proc,
         rx,
         lines: Vec::new(),
+        client_lines: Vec::new(),
         non_json,
         ready_after,
     }
@@ -545,7 +550,7 @@ impl Agent {
 
     fn drain(&mut self) {
         while let Ok(l) = self.rx.try_recv() {
-            self.lines.push(l);
+            self.take(l);
         }
     }
 
@@ -624,7 +629,7 @@ impl Agent {
                 let until = Instant::now() + Duration::from_secs(2);
                 while Instant::now() < until {
                     match self.rx.recv_timeout(Duration::from_millis(50)) {
-                        Ok(l) => self.lines.push(l),
+                        Ok(l) => self.take(l),
                         Err(RecvTimeoutError::Disconnected) => break,
                         Err(RecvTimeoutError::Timeout) => {}
                     }
@@ -632,7 +637,7 @@ impl Agent {
                 return judge(self);
             }
             if let Ok(l) = self.rx.recv_timeout(Duration::from_millis(50)) {
-                self.lines.push(l);
+                self.take(l);
             }
         }
     }
@@ -661,7 +666,7 @@ impl Agent {
         let until = Instant::now() + cap;
         loop {
             match self.rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(l) => self.lines.push(l),
+                Ok(l) => self.take(l),
                 Err(RecvTimeoutError::Disconnected) => break,
                 Err(RecvTimeoutError::Timeout) => {
                     if Instant::now() >= until {
@@ -680,8 +685,29 @@ impl Agent {
         st
     }
 
+    /// The server lines (the requests the traced processes served).
     pub fn values(&self) -> Vec<Value> {
         self.lines.iter().map(|l| l.v.clone()).collect()
+    }
+
+    /// Every line, the traced processes' upstream calls
+    /// (`span_kind: "client"`) included.
+    pub fn all_values(&self) -> Vec<Value> {
+        self.lines
+            .iter()
+            .chain(&self.client_lines)
+            .map(|l| l.v.clone())
+            .collect()
+    }
+
+    /// Files a line: upstream calls apart, so the suites that judge what a
+    /// server served (one line per client request) see only those.
+    fn take(&mut self, l: AgentLine) {
+        if l.v.get("span_kind").and_then(Value::as_str) == Some("client") {
+            self.client_lines.push(l);
+        } else {
+            self.lines.push(l);
+        }
     }
 }
 
