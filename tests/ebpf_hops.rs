@@ -86,18 +86,13 @@ fn nginx_gateway(upstream: u16) -> Gateway {
 fn run_client(port: u16, args: &[&str], n: usize) -> Vec<Value> {
     let mut cmd = python_on_port("tests/clients/hop_client.py", port);
     cmd.args(args);
-    let out = cmd.output().expect("run hop_client.py");
-    assert!(
-        out.status.success(),
-        "hop_client.py failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let recs: Vec<Value> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("client JSON"))
-        .collect();
-    assert_eq!(recs.len(), n, "client records");
-    recs
+    run_to_records(
+        "hop_client.py",
+        &mut cmd,
+        Duration::from_secs(120),
+        n,
+        &args,
+    )
 }
 
 fn f(v: &Value, k: &str) -> Option<f64> {

@@ -914,7 +914,7 @@ pub fn run_client(port: u16, run: &ClientRun) -> Vec<ClientRecord> {
 /// `limit` and returns the JSON records it printed on stdout, one a line.
 /// It must exit 0 and print exactly `expected` records; `what` (the run's
 /// arguments) goes into the timeout message.
-fn run_to_records(
+pub fn run_to_records(
     name: &str,
     cmd: &mut Command,
     limit: Duration,
