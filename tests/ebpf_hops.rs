@@ -46,9 +46,61 @@ struct Gateway {
     _guard: Box<dyn std::any::Any>,
 }
 
-fn engine() -> (Proc, u16) {
-    let mut cmd = python_on_port("tests/servers/stdlib_sse.py", 0);
-    start_ready("stdlib_sse.py", &mut cmd, "python3 is needed")
+/// The engine behind the gateway, and how the client's requests to it are
+/// told apart and counted.
+#[derive(Debug, Clone, Copy)]
+enum Engine {
+    /// tests/servers/stdlib_sse.py, called by tests/clients/hop_client.py:
+    /// every request has its own path, `events` chunks.
+    Sse,
+    /// tests/servers/grpc_stream.py (grpcio), called by
+    /// tests/clients/grpc_client.py: every call has the same `:path`, so
+    /// calls are told apart by their x-request-id; `chunks` messages.
+    Grpc,
+}
+
+impl Engine {
+    /// Started on a free port: (the process, its pid, its port).
+    fn start(self) -> (Box<dyn std::any::Any>, u32, u16) {
+        match self {
+            Engine::Sse => {
+                let mut cmd = python_on_port("tests/servers/stdlib_sse.py", 0);
+                let (proc, port) = start_ready("stdlib_sse.py", &mut cmd, "python3 is needed");
+                let pid = proc.pid();
+                (Box::new(proc), pid, port)
+            }
+            Engine::Grpc => {
+                let server = common::h2::start_grpc_server();
+                let (pid, port) = (server.pid(), server.port);
+                (Box::new(server), pid, port)
+            }
+        }
+    }
+
+    /// The field naming one request on the client's record and on every
+    /// hop's line.
+    fn label(self) -> &'static str {
+        match self {
+            Engine::Sse => "path",
+            Engine::Grpc => "request_id",
+        }
+    }
+
+    /// The client record's count of chunks it received.
+    fn chunks(self) -> &'static str {
+        match self {
+            Engine::Sse => "events",
+            Engine::Grpc => "chunks",
+        }
+    }
+
+    /// Runs the client against `port`: one record per request.
+    fn run_client(self, port: u16, args: &[&str], n: usize) -> Vec<Value> {
+        match self {
+            Engine::Sse => run_client(port, args, n),
+            Engine::Grpc => common::h2::run_h2_client(common::h2::H2Client::Grpc, port, args, n),
+        }
+    }
 }
 
 fn aiohttp_gateway(upstream: u16, args: &[&str]) -> Gateway {
@@ -73,6 +125,26 @@ fn nginx_gateway(upstream: u16) -> Gateway {
          server {{\n  listen 127.0.0.1:{{port}};\n  location / {{\n\
          proxy_pass http://engine;\n    proxy_http_version 1.1;\n\
          proxy_set_header Connection \"\";\n    proxy_buffering off;\n  }}\n}}"
+    );
+    let nginx = Nginx::start(&dir, &block);
+    Gateway {
+        pid: nginx.worker,
+        port: nginx.port,
+        _guard: Box::new((nginx, dir)),
+    }
+}
+
+/// nginx `grpc_pass` (h2c both sides) with a keep-alive upstream pool:
+/// nginx runs one call at a time on an upstream connection, so a reused
+/// connection carries streams 1, 3, 5, … one after the other.
+fn nginx_grpc_gateway(upstream: u16) -> Gateway {
+    let dir = std::env::temp_dir().join(format!("tt-hops-nginx-grpc-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("nginx dir");
+    let block = format!(
+        "upstream grpc_engine {{ server 127.0.0.1:{upstream}; keepalive 4; }}\n\
+         server {{\n  listen 127.0.0.1:{{port}} http2;\n  location / {{\n\
+         grpc_pass grpc://grpc_engine;\n  }}\n}}"
     );
     let nginx = Nginx::start(&dir, &block);
     Gateway {
@@ -114,27 +186,47 @@ fn first_chunk_ns(v: &Value) -> Option<f64> {
     f(v, "ttft_ms").map(|t| u(v, "request_start_ns") as f64 + t * 1e6)
 }
 
-/// The one line of `pid` and `kind` for `path`.
-fn line<'a>(lines: &'a [Value], pid: u32, kind: &str, path: &str) -> Result<&'a Value, String> {
+/// A line's start and chunk offsets, for a failure's message: which
+/// bytes dated which chunk on each hop.
+fn chunk_times(v: &Value) -> String {
+    format!(
+        "{} start {} ttft_ms {:?} socket_wait_ms {:?} chunk_offsets_ms {}",
+        str_field(v, "span_kind").unwrap_or_default(),
+        u(v, "request_start_ns"),
+        f(v, "ttft_ms"),
+        f(v, "socket_wait_ms"),
+        v.get("chunk_offsets_ms").cloned().unwrap_or_default()
+    )
+}
+
+/// The one line of `pid` and `kind` whose field `label` is `value`.
+fn line<'a>(
+    lines: &'a [Value],
+    pid: u32,
+    kind: &str,
+    (label, value): (&str, &str),
+) -> Result<&'a Value, String> {
     let found: Vec<&Value> = lines
         .iter()
         .filter(|v| {
             u(v, "pid") == u64::from(pid)
                 && str_field(v, "span_kind").as_deref() == Some(kind)
-                && str_field(v, "path").as_deref() == Some(path)
+                && str_field(v, label).as_deref() == Some(value)
         })
         .collect();
     match found.as_slice() {
         [one] => Ok(one),
         other => Err(format!(
-            "{} {kind} line(s) of pid {pid} for {path}, expected 1",
+            "{} {kind} line(s) of pid {pid} for {label} {value}, expected 1",
             other.len()
         )),
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn scenario(
     title: &str,
+    engine: Engine,
     gateway: impl FnOnce(u16) -> Gateway,
     client_args: &[&str],
     requests: usize,
@@ -142,14 +234,21 @@ fn scenario(
     wire: bool,
 ) {
     require_root(title);
-    let (engine_proc, engine_port) = engine();
+    let (_engine_proc, engine_pid, engine_port) = engine.start();
     let gw = gateway(engine_port);
-    let mut agent = start_agent(&Agent::for_pids(&[gw.pid, engine_proc.pid()]));
+    let mut agent = start_agent(&Agent::for_pids(&[gw.pid, engine_pid]));
     let captures = wire.then(|| (Capture::start(gw.port), Capture::start(engine_port)));
-    let recs = run_client(gw.port, client_args, requests);
-    let paths: BTreeSet<String> = recs.iter().filter_map(|r| str_field(r, "path")).collect();
+    let recs = engine.run_client(gw.port, client_args, requests);
+    let label = engine.label();
+    let wanted: BTreeSet<String> = recs.iter().filter_map(|r| str_field(r, label)).collect();
+    if wanted.len() != requests {
+        panic!(
+            "{title}: {} distinct {label}s in {requests} records: {recs:?}",
+            wanted.len()
+        );
+    }
     // the engine's lines come out once their trace's root does
-    let missing = agent.wait_for_paths(&paths, Duration::from_secs(30));
+    let missing = agent.wait_for_values(label, &wanted, Duration::from_secs(30));
     let stop = agent.stop();
     let packets = captures.map(|(g, e)| (g.finish(), e.finish()));
     assert!(
@@ -164,12 +263,13 @@ fn scenario(
     }
     let mut wire_d: Vec<(String, f64)> = Vec::new();
     for r in &recs {
-        let path = str_field(r, "path").unwrap_or_default();
+        let path = str_field(r, label).unwrap_or_default();
+        let named = (label, path.as_str());
         let hop = (|| {
             Ok::<_, String>((
-                line(&lines, gw.pid, "server", &path)?,
-                line(&lines, gw.pid, "client", &path)?,
-                line(&lines, engine_proc.pid(), "server", &path)?,
+                line(&lines, gw.pid, "server", named)?,
+                line(&lines, gw.pid, "client", named)?,
+                line(&lines, engine_pid, "server", named)?,
             ))
         })();
         let (g, c, e) = match hop {
@@ -179,7 +279,16 @@ fn scenario(
                 continue;
             }
         };
-        check_hop(&path, r, g, c, e, inside, &mut failures);
+        check_hop(
+            &path,
+            u(r, engine.chunks()),
+            r,
+            g,
+            c,
+            e,
+            inside,
+            &mut failures,
+        );
         if let Some((gp, ep)) = &packets {
             wire_hop(&path, g, c, e, gp, ep, &mut wire_d, &mut failures);
         }
@@ -232,8 +341,10 @@ fn scenario(
 
 /// One request's three lines: one trace, nested on kernel stamps, the same
 /// chunks; the gateway's breakdown adds up to its TTFT.
+#[allow(clippy::too_many_arguments)]
 fn check_hop(
     path: &str,
+    events: u64,
     rec: &Value,
     g: &Value,
     c: &Value,
@@ -242,7 +353,6 @@ fn check_hop(
     failures: &mut Vec<String>,
 ) {
     let mut fail = |what: String| failures.push(format!("{path}: {what}"));
-    let events = u(rec, "events");
     for (name, v) in [("gateway", g), ("client", c), ("engine", e)] {
         if u(v, "chunks") != events {
             fail(format!(
@@ -305,7 +415,10 @@ fn check_hop(
             {
                 if !(ef <= cf + slack && cf <= gf + slack) {
                     fail(format!(
-                        "first chunks not nested: engine emit {ef:.0} client arrival {cf:.0} gateway emit {gf:.0}"
+                        "first chunks not nested: engine emit {ef:.0} client arrival {cf:.0} gateway emit {gf:.0}\n    {}\n    {}\n    {}",
+                        chunk_times(e),
+                        chunk_times(c),
+                        chunk_times(g)
                     ));
                 }
             } else {
@@ -398,6 +511,7 @@ fn wire_hop(
 fn root_hops_nginx_proxy_pass_pooled_upstream() {
     scenario(
         "nginx proxy_pass (keep-alive upstream pool)",
+        Engine::Sse,
         nginx_gateway,
         &[
             "--requests",
@@ -417,6 +531,7 @@ fn root_hops_nginx_proxy_pass_pooled_upstream() {
 fn root_hops_aiohttp_connection_per_request_against_the_wire() {
     scenario(
         "aiohttp gateway, a new upstream connection per request",
+        Engine::Sse,
         |up| aiohttp_gateway(up, &["--fresh"]),
         &[
             "--requests",
@@ -437,6 +552,7 @@ fn root_hops_aiohttp_connection_per_request_against_the_wire() {
 fn root_hops_aiohttp_pool_rewriting_ids_32_concurrent_never_joins_wrongly() {
     scenario(
         "aiohttp gateway, pooled, ids rewritten, 32 concurrent",
+        Engine::Sse,
         |up| aiohttp_gateway(up, &["--pool", "4", "--rewrite"]),
         &[
             "--requests",
@@ -450,6 +566,34 @@ fn root_hops_aiohttp_pool_rewriting_ids_32_concurrent_never_joins_wrongly() {
         ],
         32,
         Inside::Unjoined,
+        false,
+    );
+}
+
+#[test]
+fn root_hops_nginx_grpc_pass_pooled_upstream() {
+    scenario(
+        "nginx grpc_pass (keep-alive upstream pool) -> grpcio",
+        Engine::Grpc,
+        nginx_grpc_gateway,
+        &[
+            "--calls",
+            "8",
+            "--concurrency",
+            "2",
+            "--messages",
+            "6",
+            "--messages-step",
+            "1",
+            "--gap-ms",
+            "10",
+            "--ttft-ms",
+            "20",
+            "--rid-prefix",
+            "grpc-hop-",
+        ],
+        8,
+        Inside::Joined("request_id"),
         false,
     );
 }

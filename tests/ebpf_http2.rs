@@ -998,7 +998,8 @@ fn root_h2_node_sse_agent_started_mid_connection() {
 /// nginx `grpc_pass` (h2c on both sides) in front of grpcio: two gRPC
 /// timelines per call (nginx's worker and the grpcio server), each with the
 /// call's message count and status; nginx's upstream connection is an
-/// HTTP/2 client (it writes the preface) and produces nothing.
+/// HTTP/2 client (it writes the preface): its lines are client lines, kept
+/// apart from these (tests/ebpf_hops.rs judges them).
 #[test]
 fn root_h2_nginx_grpc_pass() {
     let title = "nginx grpc_pass -> grpcio";

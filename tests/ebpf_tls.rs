@@ -17,7 +17,7 @@
 //!   * nginx terminating TLS in front of the plaintext http.server upstream:
 //!     both processes traced, two timelines per request (nginx's `tls: true`,
 //!     the upstream's `tls: false`), nginx's upstream connection a client
-//!     role that produces nothing; once with nginx (master and worker)
+//!     role whose lines are client lines, kept apart; once with nginx (master and worker)
 //!     running before the agent, once started after it (found by `--exe`,
 //!     the worker through the fork);
 //!   * http.server that imports `ssl` (maps libssl) only after the agent

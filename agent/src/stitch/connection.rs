@@ -30,8 +30,10 @@ enum Role {
     /// writes and the responses from its reads: client timelines.
     Client,
     /// Its first bytes out were the HTTP/2 client preface: calling another
-    /// service over HTTP/2, which is not parsed client-side. Ignored until
-    /// close.
+    /// service over HTTP/2 (nginx `grpc_pass`, a gRPC client). `h2` parses
+    /// it with the directions turned round: its writes are the client's
+    /// frames (a stream starts at the write of its HEADERS), its reads the
+    /// server's, each piece dated by when its bytes reached the host.
     ClientH2,
     /// It switched protocols (`101`) to something other than HTTP/2
     /// (WebSocket): no longer HTTP. Ignored until close.
@@ -189,23 +191,24 @@ impl Connection {
             self.on_client_data(ev.direction, &io, sink);
             return;
         }
+        if self.role == Role::ClientH2 {
+            self.on_client_h2_data(ev.direction, &io, sink);
+            return;
+        }
         if self.role != Role::Server {
+            return;
+        }
+        if ev.direction == Direction::Egress && h2::begins_with_preface(io.known) {
+            // Taken for a server from the peer's first bytes (its SETTINGS
+            // read before our preface write was seen, e.g. nginx's
+            // grpc_pass upstream): the preface it writes makes the traced
+            // process the client.
+            self.start_client_h2(sink);
+            self.on_client_h2_data(ev.direction, &io, sink);
             return;
         }
         if self.h2.is_none() && self.exchanges.opened() == 0 {
             self.detect_h2(ev.direction, &io, sink);
-        }
-        if self.h2.is_some()
-            && ev.direction == Direction::Egress
-            && h2::begins_with_preface(io.known)
-        {
-            // Taken for a server from the peer's SETTINGS (a connection
-            // first seen mid-way, e.g. nginx's grpc_pass upstream): the
-            // preface it writes makes the traced process the client.
-            self.h2 = None;
-            self.role = Role::ClientH2;
-            sink.client_connection();
-            return;
         }
         if self.h2.is_some() {
             self.on_h2_data(ev.direction, &io, sink);
@@ -264,10 +267,50 @@ impl Connection {
             return Role::Client;
         }
         if direction == Direction::Egress && h2::begins_with_preface(known) {
-            sink.client_connection();
+            self.start_client_h2(sink);
             return Role::ClientH2;
         }
         Role::Server
+    }
+
+    /// The traced process wrote the HTTP/2 client preface: from here on it
+    /// is the client of this connection.
+    fn start_client_h2(&mut self, sink: &mut Sink<'_>) {
+        sink.client_connection();
+        self.role = Role::ClientH2;
+        self.h2 = Some(Box::new(H2Conn::with_preface(
+            self.id,
+            Setup::default(),
+            self.limits.cap,
+            Arc::clone(&self.limits.id_headers),
+        )));
+    }
+
+    /// Whether the traced process is the client here (its timelines are
+    /// `span_kind: "client"`).
+    fn is_client(&self) -> bool {
+        matches!(self.role, Role::Client | Role::ClientH2)
+    }
+
+    /// An HTTP/2 client connection: its writes go to the parser as the
+    /// client's frames, its reads as the server's, a read cut where its
+    /// segments' arrivals change so each frame is dated by its own bytes.
+    fn on_client_h2_data(&mut self, direction: Direction, io: &Io<'_>, sink: &mut Sink<'_>) {
+        let Some(h2) = self.h2.as_mut() else { return };
+        let mut finished = Vec::new();
+        let result = match direction {
+            Direction::Egress => h2.on_io(Direction::Ingress, io, sink, &mut finished),
+            Direction::Ingress => io
+                .by_arrival()
+                .iter()
+                .try_for_each(|piece| h2.on_io(Direction::Egress, piece, sink, &mut finished)),
+        };
+        for timeline in finished {
+            self.emit(timeline, sink);
+        }
+        if let Err(err) = result {
+            sink.parse_error(&err);
+        }
     }
 
     /// A client connection: the process's writes are requests (started by
@@ -313,7 +356,7 @@ impl Connection {
     /// them mirrored: what the table indexes so the server's requests can
     /// find the client request they answer.
     pub(crate) fn outbound_addrs(&self) -> Option<SockAddrs> {
-        (self.role == Role::Client).then_some(self.addrs).flatten()
+        self.is_client().then_some(self.addrs).flatten()
     }
 
     /// Whether a server connection with no HTTP/1.1 request yet is HTTP/2:
@@ -382,12 +425,12 @@ impl Connection {
             self.emit(timeline, sink);
         }
         let seen = observed && (!self.id.is_tls() || self.addrs.is_some());
-        let reason = match (self.role, self.peer.left().is_some()) {
+        let reason = match (self.is_client(), self.peer.left().is_some()) {
             // a client connection's peer is the server
-            (Role::Client, true) => AbortReason::ServerClosed,
-            (Role::Client, false) if seen => AbortReason::ClientClosed,
-            (_, true) => AbortReason::ClientClosed,
-            (_, false) if seen => AbortReason::ServerClosed,
+            (true, true) => AbortReason::ServerClosed,
+            (true, false) if seen => AbortReason::ClientClosed,
+            (false, true) => AbortReason::ClientClosed,
+            (false, false) if seen => AbortReason::ServerClosed,
             _ => AbortReason::ConnectionClosed,
         };
         self.abort(ts, reason, sink);
@@ -411,7 +454,7 @@ impl Connection {
         timeline.comm.clone_from(&self.comm);
         timeline.addrs = self.addrs;
         timeline.tls = self.id.is_tls();
-        if self.role == Role::Client {
+        if self.is_client() {
             timeline.kind = SpanKind::Client;
         } else {
             judge_client_exit(&mut timeline, self.peer);

@@ -89,8 +89,7 @@ pub struct StitchStats {
     /// Server writes whose payload the capture cap cut short.
     pub truncated_writes: u64,
     /// Connections on which the traced process was the client (its
-    /// upstream calls): HTTP/1.1 ones give client timelines, HTTP/2 ones
-    /// are not parsed.
+    /// upstream calls, HTTP/1.1 or HTTP/2): they give client timelines.
     pub client_connections: u64,
     /// Client requests finished (`span_kind: "client"`).
     pub client_requests: u64,

@@ -371,7 +371,7 @@ fn a_process_that_writes_the_preface_is_a_client() {
     let mut sim = Sim::new();
     sim.write(10, client_start());
     sim.read(20, frame(SETTINGS, 0, 0, &[]));
-    assert!(sim.take().is_empty());
+    assert!(sim.take().is_empty(), "no call made yet");
     assert_eq!(sim.st.stats().client_connections, 1);
     assert_eq!(sim.st.stats().h2_connections, 0);
 }
@@ -508,11 +508,97 @@ fn a_connection_taken_for_a_server_whose_process_then_writes_the_preface_is_a_cl
     sim.read(30, frame(DATA, 0, 1, &grpc_message(b"t")));
     sim.read(40, grpc_trailers(1, "0"));
     sim.close(50);
-    assert!(
-        sim.take().is_empty(),
-        "the upstream call is not the traced process's request"
+    let t = sim.one();
+    assert_eq!(
+        t.kind,
+        SpanKind::Client,
+        "the upstream call is a client line"
     );
-    assert_eq!(sim.st.stats().client_connections, 1);
+    assert_eq!(t.request_id(), Some("up"));
+    assert_eq!((t.request_start, t.chunk_ts.clone()), (10, vec![30]));
+    assert_eq!((t.protocol, t.grpc_status), (Protocol::Grpc, Some(0)));
+    let stats = sim.st.stats();
+    assert_eq!((stats.client_connections, stats.client_requests), (1, 1));
+    assert_eq!((stats.requests_completed, stats.parse_errors), (0, 0));
+}
+
+#[test]
+fn an_http2_client_call_starts_at_its_write_and_each_frame_is_dated_by_its_arrival() {
+    // A gateway opens two calls in one write; their responses come back
+    // interleaved in one read whose segments arrived at 21, 30, 35, 40.
+    let mut sim = Sim::new();
+    let mut w = client_start();
+    w.extend(grpc_request(1, "a"));
+    w.extend(grpc_request(3, "b"));
+    sim.write(10, w);
+    let mut r = frame(SETTINGS, 0, 0, &[]);
+    r.extend(grpc_response_headers(1));
+    let second = r.len();
+    r.extend(frame(DATA, 0, 1, &grpc_message(b"a1")));
+    let third = r.len();
+    r.extend(grpc_response_headers(3));
+    r.extend(frame(DATA, 0, 3, &grpc_message(b"b1")));
+    let fourth = r.len();
+    r.extend(frame(DATA, 0, 1, &grpc_message(b"a2")));
+    r.extend(grpc_trailers(1, "0"));
+    r.extend(grpc_trailers(3, "8"));
+    let mark = |at: usize| u32::try_from(at).expect("small");
+    sim.read_marked(
+        60,
+        &[
+            (0, 21),
+            (mark(second), 30),
+            (mark(third), 35),
+            (mark(fourth), 40),
+        ],
+        r,
+    );
+    let mut got = sim.take();
+    got.sort_by_key(|t| t.stream_id);
+    let [a, b] = got.as_slice() else {
+        panic!("two calls: {got:?}")
+    };
+    for t in [a, b] {
+        assert_eq!(t.kind, SpanKind::Client);
+        assert_eq!(
+            t.request_start, 10,
+            "a call starts at the write of its HEADERS"
+        );
+        assert!(!t.aborted);
+    }
+    assert_eq!(
+        (a.request_id(), a.chunk_ts.clone()),
+        (Some("a"), vec![30, 40])
+    );
+    assert_eq!((b.request_id(), b.chunk_ts.clone()), (Some("b"), vec![35]));
+    assert_eq!((a.grpc_status, b.grpc_status), (Some(0), Some(8)));
+    assert_eq!(a.response_start, Some(21));
+    assert_eq!(sim.st.stats().client_requests, 2);
+    assert_eq!(sim.st.stats().h2_connections, 0, "server connections only");
+}
+
+#[test]
+fn an_http2_client_call_reset_by_either_side_says_who() {
+    let mut sim = Sim::new();
+    let mut w = client_start();
+    w.extend(grpc_request(1, "mine"));
+    w.extend(grpc_request(3, "theirs"));
+    sim.write(10, w);
+    sim.read(20, grpc_response_headers(1));
+    // the gateway gives up on stream 1 (its caller left) ...
+    sim.write(30, frame(RST_STREAM, 0, 1, &8u32.to_be_bytes()));
+    // ... the upstream refuses stream 3
+    sim.read(40, frame(RST_STREAM, 0, 3, &7u32.to_be_bytes()));
+    let mut got = sim.take();
+    got.sort_by_key(|t| t.stream_id);
+    let reasons: Vec<_> = got.iter().map(|t| (t.stream_id, t.abort_reason)).collect();
+    assert_eq!(
+        reasons,
+        vec![
+            (Some(1), Some(AbortReason::ClientClosed)),
+            (Some(3), Some(AbortReason::ServerClosed)),
+        ]
+    );
 }
 
 impl Sim {
