@@ -249,7 +249,7 @@ static __always_inline __u64 read_ingress(struct sock *sk, struct sock_state *st
 }
 
 /* tcp_probe: an incoming segment with new bytes is remembered until they
- * are read. Slots whose bytes were all read are reused. */
+ * are read (and after, while there is room; see below). */
 static __always_inline void note_ingress(struct sock_state *st, struct sock *sk, const struct sk_buff *skb,
 					 __u64 now)
 {
@@ -272,11 +272,36 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 		return; /* nothing new: a retransmission of bytes already queued */
 	__u32 start = seq_before(rcv_nxt, seq) ? seq : rcv_nxt;
 
+	/* The slots stay in sequence order: segments already read, then the
+	 * unread ones, then this one. Read segments are dropped only for
+	 * room, oldest first: a read returning on another CPU may be dating
+	 * its bytes by them right now (its copied_seq has moved past them
+	 * before its exit program looks them up; dropping them at once left
+	 * such a read with its first byte dated and no mark for the rest,
+	 * so a client dated a response chunk by the segment before it). */
+	__u32 unread = 0, read = 0;
+	for (int i = 0; i < INGRESS_SEGS; i++) {
+		struct ingress_seg seg = st->segs[i];
+		if (!seg.ts)
+			continue;
+		if (seq_before(copied, seg.end))
+			unread++;
+		else
+			read++;
+	}
+	__u32 room = unread < INGRESS_SEGS ? INGRESS_SEGS - 1 - unread : 0;
+	__u32 drop = read > room ? read - room : 0;
 	struct ingress_seg keep[INGRESS_SEGS] = {};
 	__u32 n = 0;
 	for (int i = 0; i < INGRESS_SEGS; i++) {
 		struct ingress_seg seg = st->segs[i];
-		if (seg.ts && seq_before(copied, seg.end) && n < INGRESS_SEGS) {
+		if (!seg.ts)
+			continue;
+		if (drop && !seq_before(copied, seg.end)) {
+			drop--;
+			continue;
+		}
+		if (n < INGRESS_SEGS) {
 			keep[n & (INGRESS_SEGS - 1)] = seg;
 			n++;
 		}
