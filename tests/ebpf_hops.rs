@@ -27,6 +27,12 @@ use serde_json::Value;
 
 /// Per-hop times against the loopback capture (the bound).
 const WIRE_MS: f64 = 0.5;
+/// Emits (a write's entry) more than [`WIRE_MS`] before their packet, per
+/// kind of check in one scenario: a writer preempted inside its write
+/// sends the bytes later than it handed them over (seen once in ~10 runs
+/// of four scenarios on 2 CPUs: an aiohttp gateway's first emit 0.516 ms
+/// before its packet). Late is never allowed.
+const EARLY_EMITS_ALLOWED: usize = 1;
 /// The agent prints ms with 3 decimals: two rounded numbers apart.
 const ROUNDING_MS: f64 = 0.0021;
 
@@ -330,6 +336,13 @@ fn scenario(
             "[test] {title}: {what}: agent − wire n={} min {lo:.3} max {hi:.3} ms",
             ds.len()
         );
+        let early = ds.iter().filter(|&&d| d < -WIRE_MS).count();
+        if what.ends_with("first emit") && early > EARLY_EMITS_ALLOWED {
+            failures.push(format!(
+                "{what}: {early} of {} more than {WIRE_MS} ms before the wire",
+                ds.len()
+            ));
+        }
     }
     assert!(
         failures.is_empty(),
@@ -498,7 +511,10 @@ fn wire_hop(
             (Some(a), Some(w)) => {
                 let d = (a - w as f64) / 1e6;
                 out.push((what.to_string(), d));
-                if d.abs() > WIRE_MS {
+                let emit_early = what.ends_with("first emit") && d < 0.0;
+                if d.abs() > WIRE_MS && emit_early {
+                    eprintln!("[test] {path}: {what}: agent − wire {d:.3} ms (early emit)");
+                } else if d.abs() > WIRE_MS {
                     failures.push(format!("{path}: {what}: agent − wire {d:.3} ms"));
                 }
             }
