@@ -19,15 +19,17 @@
 //! made on its own) goes out as a root, counted unjoined: never joined on
 //! timing alone. A key that two candidates share joins neither.
 
+mod index;
 mod keys;
 
-use std::collections::VecDeque;
+use std::collections::BTreeMap;
 
 use serde::Serialize;
 
 use crate::event::MonoNs;
 use crate::model::trace_context::{IdGenerator, RemoteParent};
 use crate::model::{JoinKey, RequestTimeline, SpanKind, TraceIds, UpstreamView};
+use index::{carried, client_ends, Carried, Ends, Index};
 
 /// How long a request waits for its parent after it finished: a gateway
 /// finishes its response a few ms after its upstream call ends; one that
@@ -89,14 +91,134 @@ struct Recent {
     ids: TraceIds,
 }
 
+/// Something with a request in it, filed by [`Store`].
+trait HasTimeline {
+    fn timeline(&self) -> &RequestTimeline;
+}
+
+impl HasTimeline for Node {
+    fn timeline(&self) -> &RequestTimeline {
+        &self.t
+    }
+}
+
+impl HasTimeline for Recent {
+    fn timeline(&self) -> &RequestTimeline {
+        &self.t
+    }
+}
+
+/// An entry and the keys it is filed under (kept to unfile it).
+#[derive(Debug)]
+struct Filed<T> {
+    item: T,
+    ends: Option<Ends>,
+    values: Vec<Carried>,
+}
+
+/// Requests in arrival order (by the stage's own numbering), filed by
+/// connection and by the values they carry.
+#[derive(Debug)]
+struct Store<T> {
+    items: BTreeMap<u64, Filed<T>>,
+    by_conn: Index<Ends>,
+    by_value: Index<Carried>,
+}
+
+impl<T> Default for Store<T> {
+    fn default() -> Self {
+        Self {
+            items: BTreeMap::new(),
+            by_conn: Index::default(),
+            by_value: Index::default(),
+        }
+    }
+}
+
+impl<T: HasTimeline> Store<T> {
+    /// Files `item` under what it carries, and under its connection when
+    /// `by_conn` (only what a lookup by connection may want: filing an
+    /// engine's own requests there would crowd out its clients').
+    fn insert(&mut self, id: u64, item: T, by_conn: bool) {
+        let t = item.timeline();
+        let ends = client_ends(t).filter(|_| by_conn);
+        let values = carried(t);
+        if let Some(e) = ends {
+            self.by_conn.insert(e, id);
+        }
+        for v in &values {
+            self.by_value.insert(v.clone(), id);
+        }
+        self.items.insert(id, Filed { item, ends, values });
+    }
+
+    fn remove(&mut self, id: u64) -> Option<T> {
+        let filed = self.items.remove(&id)?;
+        if let Some(e) = &filed.ends {
+            self.by_conn.remove(e, id);
+        }
+        for v in &filed.values {
+            self.by_value.remove(v, id);
+        }
+        Some(filed.item)
+    }
+
+    fn get(&self, id: u64) -> Option<&T> {
+        self.items.get(&id).map(|f| &f.item)
+    }
+
+    fn get_mut(&mut self, id: u64) -> Option<&mut T> {
+        self.items.get_mut(&id).map(|f| &mut f.item)
+    }
+
+    /// What `id` was filed under by value.
+    fn values_of(&self, id: u64) -> &[Carried] {
+        self.items.get(&id).map_or(&[], |f| f.values.as_slice())
+    }
+
+    fn oldest(&self) -> Option<(u64, &T)> {
+        self.items.first_key_value().map(|(&id, f)| (id, &f.item))
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    /// Ids filed under the connection `ends`, oldest first.
+    fn on_conn(&self, ends: Option<Ends>) -> Vec<u64> {
+        ends.map_or_else(Vec::new, |e| self.by_conn.get(&e).to_vec())
+    }
+
+    /// Ids filed under any of `values`, each once, oldest first.
+    fn sharing(&self, values: &[Carried]) -> Vec<u64> {
+        self.by_value.any_of(values)
+    }
+
+    /// Removes and returns, oldest first, what `due` holds for from the
+    /// front (entries are numbered as they come, so in about the order
+    /// they finished).
+    fn pop_due(&mut self, due: impl Fn(&T) -> bool) -> Vec<T> {
+        let mut out = Vec::new();
+        while let Some((id, item)) = self.oldest() {
+            if !due(item) {
+                break;
+            }
+            out.extend(self.remove(id));
+        }
+        out
+    }
+}
+
 #[derive(Debug)]
 pub struct Hops {
     ids: IdGenerator,
+    /// The number the next stored request gets.
+    next: u64,
     /// Server requests waiting for the client request they answered.
-    engines: Vec<Node>,
+    engines: Store<Node>,
     /// Client requests waiting for the inbound request that caused them.
-    clients: Vec<Node>,
-    recent: VecDeque<Recent>,
+    clients: Store<Node>,
+    recent: Store<Recent>,
     stats: HopStats,
 }
 
@@ -104,15 +226,21 @@ impl Hops {
     pub fn new(ids: IdGenerator) -> Self {
         Self {
             ids,
-            engines: Vec::new(),
-            clients: Vec::new(),
-            recent: VecDeque::new(),
+            next: 0,
+            engines: Store::default(),
+            clients: Store::default(),
+            recent: Store::default(),
             stats: HopStats::default(),
         }
     }
 
     pub fn stats(&self) -> &HopStats {
         &self.stats
+    }
+
+    fn number(&mut self) -> u64 {
+        self.next += 1;
+        self.next
     }
 
     /// Takes one finished request; what can go out now (with its ids, and
@@ -127,29 +255,38 @@ impl Hops {
         let mut node = Node::new(t);
         match node.t.kind {
             SpanKind::Client => {
-                node.children =
-                    take_where(&mut self.engines, |e| keys::same_connection(&node.t, &e.t));
-                for child in &mut node.children {
-                    child.key = Some(JoinKey::Tcp4tuple);
+                for id in self.engines.on_conn(client_ends(&node.t)) {
+                    let answers = self
+                        .engines
+                        .get(id)
+                        .is_some_and(|e| keys::same_connection(&node.t, &e.t));
+                    if let Some(mut e) = answers.then(|| self.engines.remove(id)).flatten() {
+                        e.key = Some(JoinKey::Tcp4tuple);
+                        node.children.push(e);
+                    }
                 }
-                match self.recent_parent(&node.t, keys::carried_over) {
-                    Some((i, key)) => self.emit_under(i, node, key, out),
+                let candidates = self.recent.sharing(&carried(&node.t));
+                match self.recent_parent(&node.t, candidates, keys::carried_over) {
+                    Some((id, key)) => self.emit_under(id, node, key, out),
                     None => self.hold(node, true, out),
                 }
             }
             SpanKind::Server => {
                 self.adopt_clients(&mut node);
-                let parent = self.recent_parent(&node.t, |p, s| {
+                let ends = client_ends(&node.t);
+                let candidates = self.recent.on_conn(ends);
+                let parent = self.recent_parent(&node.t, candidates, |p, s| {
                     (p.kind == SpanKind::Client && keys::same_connection(p, s))
                         .then_some(JoinKey::Tcp4tuple)
                 });
-                if let Some((i, key)) = parent {
-                    self.emit_under(i, node, key, out);
-                } else if let Some(c) = self
-                    .clients
-                    .iter_mut()
-                    .find(|c| keys::same_connection(&c.t, &node.t))
-                {
+                let held_client = self.clients.on_conn(ends).into_iter().find(|&id| {
+                    self.clients
+                        .get(id)
+                        .is_some_and(|c| keys::same_connection(&c.t, &node.t))
+                });
+                if let Some((id, key)) = parent {
+                    self.emit_under(id, node, key, out);
+                } else if let Some(c) = held_client.and_then(|id| self.clients.get_mut(id)) {
                     node.key = Some(JoinKey::Tcp4tuple);
                     c.children.push(node);
                 } else if answers_traced_client {
@@ -164,16 +301,16 @@ impl Hops {
     /// Releases what waited past [`HOLD_NS`] at `now`, unjoined.
     pub fn expire(&mut self, now: MonoNs, out: &mut Vec<RequestTimeline>) {
         let due = |n: &Node| now.saturating_sub(n.held_at) >= HOLD_NS;
-        for node in take_where(&mut self.engines, due) {
+        for node in self.engines.pop_due(due) {
             self.stats.unjoined_server_requests += 1;
             self.emit_root(node, out);
         }
-        for node in take_where(&mut self.clients, due) {
+        for node in self.clients.pop_due(due) {
             self.stats.unjoined_client_requests += 1;
             self.emit_root(node, out);
         }
         let keep_from = now.saturating_sub(HOLD_NS);
-        self.recent.retain(|r| r.t.end >= keep_from);
+        self.recent.pop_due(|r| r.t.end < keep_from);
     }
 
     /// The agent stops: everything held goes out.
@@ -189,31 +326,42 @@ impl Hops {
     fn adopt_clients(&mut self, node: &mut Node) {
         let inbound = &node.t;
         let mut picked = Vec::new();
-        for (i, c) in self.clients.iter().enumerate() {
+        for id in self.clients.sharing(&carried(inbound)) {
+            let Some(c) = self.clients.get(id) else {
+                continue;
+            };
             let Some(key) = keys::carried_over(inbound, &c.t) else {
                 continue;
             };
-            let rival = self.recent.iter().any(|r| {
-                (r.t.kind == SpanKind::Server && keys::carried_over(&r.t, &c.t) == Some(key))
-                    || (r.t.kind == SpanKind::Client
-                        && keys::overlap(&r.t, &c.t)
-                        && keys::same_value(key, &r.t, &c.t))
+            let values = self.clients.values_of(id);
+            let rival = self.recent.sharing(values).into_iter().any(|r| {
+                self.recent.get(r).is_some_and(|r| {
+                    (r.t.kind == SpanKind::Server && keys::carried_over(&r.t, &c.t) == Some(key))
+                        || (r.t.kind == SpanKind::Client
+                            && keys::overlap(&r.t, &c.t)
+                            && keys::same_value(key, &r.t, &c.t))
+                })
             });
-            let twin = self.clients.iter().enumerate().any(|(j, o)| {
-                j != i && keys::overlap(&o.t, &c.t) && keys::same_value(key, &o.t, &c.t)
+            let twin = self.clients.sharing(values).into_iter().any(|j| {
+                j != id
+                    && self.clients.get(j).is_some_and(|o| {
+                        keys::overlap(&o.t, &c.t) && keys::same_value(key, &o.t, &c.t)
+                    })
             });
             if rival || twin {
                 self.stats.ambiguous += 1;
             } else {
-                picked.push((i, key));
+                picked.push((id, key));
             }
         }
-        let mut adopted = Vec::with_capacity(picked.len());
-        for &(i, key) in picked.iter().rev() {
-            let mut c = self.clients.remove(i);
-            c.key = Some(key);
-            adopted.push(c);
-        }
+        let mut adopted: Vec<Node> = picked
+            .into_iter()
+            .filter_map(|(id, key)| {
+                let mut c = self.clients.remove(id)?;
+                c.key = Some(key);
+                Some(c)
+            })
+            .collect();
         adopted.sort_by_key(|c| c.t.request_start);
         if let Some(first) = adopted.first() {
             node.t.upstream = Some(upstream_view(&node.t, &first.t));
@@ -221,62 +369,71 @@ impl Hops {
         node.children.extend(adopted);
     }
 
-    /// The one recent request `key_of` ties `t` to; `None` when none does,
-    /// or more than one (counted ambiguous).
+    /// The one recent request among `candidates` that `key_of` ties `t`
+    /// to; `None` when none does, or more than one (counted ambiguous).
     fn recent_parent(
         &mut self,
         t: &RequestTimeline,
+        candidates: Vec<u64>,
         key_of: impl Fn(&RequestTimeline, &RequestTimeline) -> Option<JoinKey>,
-    ) -> Option<(usize, JoinKey)> {
-        let mut found = self
-            .recent
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| key_of(&r.t, t).map(|k| (i, k)));
-        let first = found.next()?;
-        if found.next().is_some() {
-            self.stats.ambiguous += 1;
-            return None;
+    ) -> Option<(u64, JoinKey)> {
+        let found: Vec<(u64, JoinKey)> = candidates
+            .into_iter()
+            .filter_map(|id| key_of(&self.recent.get(id)?.t, t).map(|k| (id, k)))
+            .take(2)
+            .collect();
+        match found.as_slice() {
+            [one] => Some(*one),
+            [] => None,
+            _ => {
+                self.stats.ambiguous += 1;
+                None
+            }
         }
-        Some(first)
     }
 
     fn hold(&mut self, node: Node, client: bool, out: &mut Vec<RequestTimeline>) {
         if self.engines.len() + self.clients.len() >= MAX_HELD {
             // the oldest held request of either kind goes out unjoined
-            let oldest_client = self.clients.first().map(|n| n.held_at);
-            let oldest_engine = self.engines.first().map(|n| n.held_at);
-            let from_clients = match (oldest_client, oldest_engine) {
-                (Some(c), Some(e)) => c <= e,
-                (c, _) => c.is_some(),
-            };
-            if from_clients {
-                let n = self.clients.remove(0);
-                self.stats.unjoined_client_requests += 1;
-                self.emit_root(n, out);
-            } else if !self.engines.is_empty() {
-                let n = self.engines.remove(0);
-                self.stats.unjoined_server_requests += 1;
-                self.emit_root(n, out);
+            let oldest_client = self.clients.oldest().map(|(id, n)| (n.held_at, id));
+            let oldest_engine = self.engines.oldest().map(|(id, n)| (n.held_at, id));
+            match (oldest_client, oldest_engine) {
+                (Some(c), e) if e.is_none_or(|e| c.0 <= e.0) => {
+                    if let Some(n) = self.clients.remove(c.1) {
+                        self.stats.unjoined_client_requests += 1;
+                        self.emit_root(n, out);
+                    }
+                }
+                (_, Some(e)) => {
+                    if let Some(n) = self.engines.remove(e.1) {
+                        self.stats.unjoined_server_requests += 1;
+                        self.emit_root(n, out);
+                    }
+                }
+                _ => {}
             }
         }
+        let id = self.number();
         if client {
-            self.clients.push(node);
+            self.clients.insert(id, node, true);
         } else {
-            self.engines.push(node);
+            self.engines.insert(id, node, true);
         }
     }
 
-    /// `node` joins the trace of the recent request `i` by `key`.
+    /// `node` joins the trace of the recent request `id` by `key`.
     fn emit_under(
         &mut self,
-        i: usize,
+        id: u64,
         mut node: Node,
         key: JoinKey,
         out: &mut Vec<RequestTimeline>,
     ) {
         node.key = Some(key);
-        let parent = self.recent[i].ids.clone();
+        let Some(parent) = self.recent.get(id).map(|r| r.ids.clone()) else {
+            self.emit_root(node, out);
+            return;
+        };
         self.emit_tree(node, Some(&parent), out);
     }
 
@@ -312,12 +469,22 @@ impl Hops {
         out.push(node.t.clone());
         if may_parent {
             if self.recent.len() >= MAX_RECENT {
-                self.recent.pop_front();
+                if let Some((oldest, _)) = self.recent.oldest() {
+                    self.recent.remove(oldest);
+                }
             }
-            self.recent.push_back(Recent {
-                t: node.t,
-                ids: ids.clone(),
-            });
+            // only client lines are looked up by connection (a server
+            // request's parent is the client request on its connection)
+            let by_conn = node.t.kind == SpanKind::Client;
+            let id = self.number();
+            self.recent.insert(
+                id,
+                Recent {
+                    t: node.t,
+                    ids: ids.clone(),
+                },
+                by_conn,
+            );
         }
         for child in children {
             self.emit_tree(child, Some(&ids), out);
@@ -361,22 +528,6 @@ impl Hops {
         };
         *slot += 1;
     }
-}
-
-/// Removes and returns the nodes `pick` selects, keeping the others in
-/// order.
-fn take_where(nodes: &mut Vec<Node>, mut pick: impl FnMut(&Node) -> bool) -> Vec<Node> {
-    let mut taken = Vec::new();
-    let mut kept = Vec::with_capacity(nodes.len());
-    for n in nodes.drain(..) {
-        if pick(&n) {
-            taken.push(n);
-        } else {
-            kept.push(n);
-        }
-    }
-    *nodes = kept;
-    taken
 }
 
 /// Where a gateway request's first token's time went, from its first

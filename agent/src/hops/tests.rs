@@ -212,3 +212,29 @@ fn held_requests_are_bounded() {
     hops.flush(&mut out);
     assert_eq!(out.len(), MAX_HELD + 10);
 }
+
+#[test]
+fn a_pooled_connection_reused_for_thousands_of_requests_joins_each_exactly() {
+    // One keep-alive upstream connection (the same 4-tuple every time),
+    // 10,000 requests one after another: each engine request is tied to
+    // the client request in flight on it, never to an earlier one.
+    let mut hops = Hops::new(IdGenerator::with_seed(3));
+    let mut out = Vec::new();
+    let n = 10_000u64;
+    for i in 0..n {
+        let [gateway, client, engine] = path(1000 + i * 1000, &format!("r{i}"));
+        hops.push(engine, true, &mut out);
+        hops.push(client, false, &mut out);
+        hops.push(gateway, false, &mut out);
+    }
+    assert_eq!(out.len() as u64, 3 * n, "nothing left waiting");
+    for trio in out.chunks(3) {
+        let [g, c, e] = trio else { unreachable!() };
+        assert_eq!(ids(c).parent_span_id, Some(ids(g).span_id));
+        assert_eq!(ids(e).parent_span_id, Some(ids(c).span_id));
+        assert_eq!(e.request_start, c.request_start + 10);
+    }
+    let s = hops.stats();
+    assert_eq!((s.joined_tcp_4tuple, s.joined_request_id), (n, n));
+    assert_eq!((s.ambiguous, s.unjoined_client_requests), (0, 0));
+}
