@@ -183,23 +183,32 @@ impl Verdict {
         let p99 = |d: &Dist| d.pct(99.0).abs().max(d.pct(1.0).abs());
         for d in [&self.first, &self.later] {
             assert!(d.pct(50.0).is_finite(), "{title}: nothing measured");
-            // Agent TTFT shorter than the wire's: the emit is SSL_write's
-            // entry, and a memory-BIO server (node) hands the record to the
-            // socket when its event loop flushes the BIO. With a CPU hog on
-            // one of the two cores and 32 handshakes in one burst, one first
-            // response of 64 left 5.9 ms after its SSL_write (request start
-            // within 0.025 ms of the wire for all 128). Up to 2 % of the
-            // requests may be early by more than the bound; each is printed.
-            // Late (agent > wire + 0.1 ms) is never allowed (judged above).
+            // Agent TTFT shorter than the wire's: the agent dates an emit by
+            // when the server handed its record to the kernel (a socket-BIO
+            // SSL_write's first socket write; for a memory BIO, node, the
+            // event loop's first socket write after the SSL_write, a lower
+            // bound when earlier records were still queued). Bytes the
+            // kernel sends later (a writer preempted inside its write, a
+            // segment Nagle holds) reach the wire later: under `stress-ng
+            // --cpu 1`, one nginx response of 8 left 1.7 ms after its write,
+            // and node h2 flushed 3 first streams of one connection 0.58 ms
+            // after their records were written (before both fixes: 5.9 ms).
+            // Up to 2 % of the requests (at least one flush: the streams it
+            // carried have one delta) may be early by more than the bound;
+            // each is printed. Late (agent > wire + 0.1 ms) is never
+            // allowed (judged above).
             let early: Vec<f64> =
                 d.xs.iter()
                     .copied()
                     .filter(|&x| x <= -TTFT_P99_MS)
                     .collect();
-            let allowed = d.xs.len() / 50;
+            let mut flushes = early.clone();
+            flushes.sort_by(f64::total_cmp);
+            flushes.dedup_by(|a, b| (*a - *b).abs() < 0.001);
+            let allowed = (d.xs.len() / 50).max(1);
             if !early.is_empty() {
                 eprintln!(
-                    "[test] {title}: {} request(s) with agent TTFT shorter than the wire's by more than {TTFT_P99_MS} ms (allowed {allowed}): {early:?}",
+                    "[test] {title}: {} request(s) with agent TTFT shorter than the wire's by more than {TTFT_P99_MS} ms (allowed {allowed} flushes): {early:?}",
                     early.len()
                 );
             }
@@ -208,10 +217,11 @@ impl Verdict {
                 xs: d.xs.iter().copied().filter(|&x| x > -TTFT_P99_MS).collect(),
             };
             assert!(
-                early.len() <= allowed && p99(&rest) < TTFT_P99_MS,
-                "{title}: |agent - wire| p99 {:.3} ms >= {TTFT_P99_MS} ({} early past it, {allowed} allowed): {}",
+                flushes.len() <= allowed && p99(&rest) < TTFT_P99_MS,
+                "{title}: |agent - wire| p99 {:.3} ms >= {TTFT_P99_MS} ({} early past it in {} flushes, {allowed} allowed): {}",
                 p99(d),
                 early.len(),
+                flushes.len(),
                 d.summary()
             );
         }

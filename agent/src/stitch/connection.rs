@@ -286,6 +286,10 @@ impl Connection {
         )));
     }
 
+    pub(crate) fn is_ciphertext(&self) -> bool {
+        self.role == Role::Ciphertext
+    }
+
     /// Whether the traced process is the client here (its timelines are
     /// `span_kind: "client"`).
     fn is_client(&self) -> bool {

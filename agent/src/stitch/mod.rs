@@ -28,6 +28,7 @@ mod response;
 mod sink;
 mod sse;
 mod table;
+mod tls_flush;
 
 #[cfg(test)]
 mod tests;
@@ -36,7 +37,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::event::{Event, MonoNs, SockAddrs};
+use crate::event::{Direction, Event, MonoNs, SockAddrs};
 
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
@@ -48,6 +49,7 @@ use crate::model::RequestTimeline;
 
 use sink::Sink;
 use table::Connections;
+use tls_flush::TlsFlush;
 
 /// Memory bounds of a [`Stitcher`].
 #[derive(Debug, Clone)]
@@ -127,6 +129,8 @@ pub struct StitchStats {
 #[derive(Debug, Clone)]
 pub struct Stitcher {
     connections: Connections,
+    /// Memory-BIO TLS requests wait here for the writes that carried them.
+    tls_flush: TlsFlush,
     stats: StitchStats,
 }
 
@@ -134,6 +138,7 @@ impl Stitcher {
     pub fn new(config: StitchConfig) -> Self {
         Self {
             connections: Connections::new(config),
+            tls_flush: TlsFlush::default(),
             stats: StitchStats::default(),
         }
     }
@@ -141,6 +146,7 @@ impl Stitcher {
     /// Feeds one event; events arrive sorted by [`Event::order_ts`].
     /// Finished timelines are pushed to `out`.
     pub fn push(&mut self, event: &Event, out: &mut Vec<RequestTimeline>) {
+        let before = out.len();
         let sink = &mut Sink::new(out, &mut self.stats);
         match event {
             Event::Data(ev) => self.connections.on_data(ev, sink),
@@ -161,21 +167,47 @@ impl Stitcher {
             | Event::OffCpu(_)
             | Event::SendHold(_) => {}
         }
+        self.through_tls_flush(before, out);
+        if let Event::Data(ev) = event {
+            let ciphertext_out =
+                ev.direction == Direction::Egress && self.connections.is_ciphertext(ev.conn);
+            if let Some(addrs) = ev.addrs.filter(|_| ciphertext_out) {
+                self.tls_flush
+                    .ciphertext_write(ev.conn.pid, addrs, ev.ts_enter, out);
+            }
+        }
+    }
+
+    /// What came out from `before` on passes through [`TlsFlush`] (which
+    /// may hold a memory-BIO TLS request until its bytes' write).
+    fn through_tls_flush(&mut self, before: usize, out: &mut Vec<RequestTimeline>) {
+        if out.len() == before {
+            return;
+        }
+        for t in out.split_off(before) {
+            self.tls_flush.finished(t, out);
+        }
     }
 
     /// Connections with no event since `now - idle_ns`: in-flight requests
     /// come out aborted ([`AbortReason::Idle`]), ending at the connection's
     /// last event, and their state is freed.
     pub fn expire_idle(&mut self, now: MonoNs, idle_ns: u64, out: &mut Vec<RequestTimeline>) {
+        let before = out.len();
         let sink = &mut Sink::new(out, &mut self.stats);
         self.connections.expire(now.saturating_sub(idle_ns), sink);
+        self.through_tls_flush(before, out);
+        self.tls_flush.expire(now, out);
     }
 
     /// Agent stopping: every in-flight request comes out aborted
     /// ([`AbortReason::AgentStopped`]) with end = `now`.
     pub fn finish(&mut self, now: MonoNs, out: &mut Vec<RequestTimeline>) {
+        let before = out.len();
         let sink = &mut Sink::new(out, &mut self.stats);
         self.connections.finish(now, sink);
+        self.through_tls_flush(before, out);
+        self.tls_flush.flush(out);
     }
 
     /// Stops tracking every connection of a process (the agent stopped

@@ -99,6 +99,12 @@ impl Connections {
         }
     }
 
+    /// Whether `id` carries TLS records (its plaintext is a connection of
+    /// its own).
+    pub(crate) fn is_ciphertext(&self, id: ConnId) -> bool {
+        self.map.get(&id).is_some_and(Connection::is_ciphertext)
+    }
+
     /// Whether a traced client connection has `local` and `remote` as its
     /// own local and remote endpoints.
     pub(crate) fn has_outbound(&self, local: SocketAddr, remote: SocketAddr) -> bool {
