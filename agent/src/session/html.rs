@@ -15,9 +15,10 @@ use serde::Serialize;
 
 use super::core::{Profile, Recording};
 use super::csv::rfc3339;
+use super::hop_order::hop_order;
 use super::perfetto::request_label;
-use crate::model::RequestTimeline;
 use crate::model::Stall;
+use crate::model::{RequestTimeline, SpanKind};
 use crate::units::{ms, percentile};
 
 const TEMPLATE: &str = include_str!("assets/report.html");
@@ -87,6 +88,11 @@ struct Bin {
 #[derive(Debug, Serialize)]
 struct Row {
     label: String,
+    /// Depth in its trace: an upstream call (1) under the gateway's
+    /// request, the engine's request (2) under that call.
+    d: usize,
+    /// `client` for a traced process's upstream call, else `server`.
+    kind: SpanKind,
     /// Offsets from the session start, ms: arrival of the request, the
     /// server's first read of it, request read, first token, end.
     s: f64,
@@ -336,17 +342,16 @@ fn data(rec: &Recording) -> Data {
     let meta = &rec.meta;
     let base = meta.started_ns as f64;
     let off = |ts: u64| ((ts as f64 - base) / 1e3).round() / 1e3;
-    let ttfts: Vec<u64> = rec.timelines.iter().filter_map(|t| t.ttft_ns()).collect();
-    let chunks: usize = rec.timelines.iter().map(|t| t.chunk_ts.len()).sum();
+    // The figures are the servers' (as the run summary's and the metrics
+    // are); upstream calls only show in the waterfall, under their hop.
+    let served = || rec.timelines.iter().filter(|t| t.kind == SpanKind::Server);
+    let ttfts: Vec<u64> = served().filter_map(|t| t.ttft_ns()).collect();
+    let chunks: usize = served().map(|t| t.chunk_ts.len()).sum();
     let duration_s = meta.duration_ns() as f64 / 1e9;
-    let tpots: Vec<u64> = rec
-        .timelines
-        .iter()
-        .filter_map(|t| t.stats().tpot_ns)
-        .collect();
+    let tpots: Vec<u64> = served().filter_map(|t| t.stats().tpot_ns).collect();
     let summary = Summary {
-        requests: rec.timelines.len(),
-        aborted: rec.timelines.iter().filter(|t| t.aborted).count(),
+        requests: served().count(),
+        aborted: served().filter(|t| t.aborted).count(),
         chunks,
         chunks_per_s: if duration_s > 0.0 {
             (chunks as f64 / duration_s * 10.0).round() / 10.0
@@ -357,34 +362,29 @@ fn data(rec: &Recording) -> Data {
             Dist::of("TTFT", ttfts.clone()),
             Dist::of(
                 "socket wait",
-                rec.timelines
-                    .iter()
+                served()
                     .filter_map(RequestTimeline::socket_wait_ns)
                     .collect(),
             ),
             Dist::of(
                 "ITL",
-                rec.timelines
-                    .iter()
+                served()
                     .flat_map(|t| t.stats().itl_ns.iter().copied())
                     .collect(),
             ),
             Dist::of("TPOT", tpots),
-            Dist::of(
-                "E2E",
-                rec.timelines.iter().map(RequestTimeline::e2e_ns).collect(),
-            ),
+            Dist::of("E2E", served().map(RequestTimeline::e2e_ns).collect()),
         ],
     };
-    let mut order: Vec<usize> = (0..rec.timelines.len()).collect();
-    order.sort_by_key(|&i| (rec.timelines[i].request_start, i));
-    let rows: Vec<Row> = order
-        .iter()
+    let rows: Vec<Row> = hop_order(&rec.timelines)
+        .into_iter()
         .take(MAX_WATERFALL_ROWS)
-        .map(|&i| {
+        .map(|(i, d)| {
             let t = &rec.timelines[i];
             Row {
                 label: request_label(i, t),
+                d,
+                kind: t.kind,
                 s: off(t.request_start),
                 rd: off(t.read_start),
                 r: off(t.request_end),
@@ -402,7 +402,9 @@ fn data(rec: &Recording) -> Data {
         .map(|r| r.e)
         .fold(ms(meta.duration_ns()), f64::max);
     let (from_ms, to_ms) = requests_view(&rows, span_ms);
-    let mut slow: Vec<usize> = (0..rec.timelines.len()).collect();
+    let mut slow: Vec<usize> = (0..rec.timelines.len())
+        .filter(|&i| rec.timelines[i].kind == SpanKind::Server)
+        .collect();
     slow.sort_by_key(|&i| {
         let t = &rec.timelines[i];
         (std::cmp::Reverse(t.ttft_ns().unwrap_or(t.e2e_ns())), i)
@@ -552,6 +554,60 @@ mod tests {
             "the session's axis stays one click away"
         );
         assert_eq!(requests_view(&[], 5.0), (0.0, 5.0), "no rows: the session");
+    }
+
+    #[test]
+    fn a_gateways_hops_are_drawn_one_under_the_other_and_counted_once() {
+        let mut rec = recording();
+        let ids = |span: u8, parent: Option<u8>| crate::model::TraceIds {
+            trace_id: [7; 16],
+            span_id: [span; 8],
+            parent_span_id: parent.map(|p| [p; 8]),
+            parent_remote: false,
+            flags: 1,
+            tracestate: None,
+            join_key: None,
+        };
+        // the recording's first request is the gateway's; its upstream
+        // call and the engine's request come after every other line
+        let gateway = rec.timelines[0].clone();
+        rec.timelines[0].trace = Some(ids(1, None));
+        let mut call = gateway.clone();
+        call.kind = SpanKind::Client;
+        call.request_start += 1;
+        call.trace = Some(ids(2, Some(1)));
+        let mut engine = gateway;
+        engine.request_start += 2;
+        engine.trace = Some(ids(3, Some(2)));
+        let servers = rec.timelines.len() + 1;
+        rec.timelines.push(engine);
+        rec.timelines.push(call);
+        let d = data(&rec);
+        let last = rec.timelines.len() - 1;
+        let order: Vec<(usize, SpanKind)> = d.waterfall.rows[..3]
+            .iter()
+            .map(|r| (r.d, r.kind))
+            .collect();
+        assert_eq!(
+            order,
+            vec![
+                (0, SpanKind::Server),
+                (1, SpanKind::Client),
+                (2, SpanKind::Server)
+            ]
+        );
+        assert_eq!(
+            d.waterfall.rows[1].label,
+            request_label(last, &rec.timelines[last])
+        );
+        assert_eq!(
+            d.summary.requests, servers,
+            "the upstream call is no request of its own"
+        );
+        assert!(d
+            .slowest
+            .iter()
+            .all(|b| b.label != d.waterfall.rows[1].label));
     }
 
     #[test]

@@ -17,6 +17,7 @@ pub mod control;
 pub mod core;
 mod csv;
 mod flame;
+mod hop_order;
 mod html;
 mod hub;
 mod jsonl;

@@ -182,7 +182,9 @@
     let selected = null;
     wf.rows.forEach((r, i) => {
       const y = top + i * rowH;
-      const g = svgEl("g", { class: "row" }, `${r.label}\n` + phases(r).map(([name, ms]) => `${name} ${fmt(ms, "ms")}`).join(" · "));
+      // a hop sits under the request that caused it: "↳ upstream call #3 …"
+      const name = `${r.d ? "  ".repeat(r.d - 1) + "↳ " : ""}${r.kind === "client" ? "upstream call " : ""}${r.label}`;
+      const g = svgEl("g", { class: r.d ? "row hop" : "row" }, `${name}\n` + phases(r).map(([name, ms]) => `${name} ${fmt(ms, "ms")}`).join(" · "));
       const seg = (cls, a, b) =>
         g.appendChild(svgEl("rect", { class: cls, x: x(a), y: y + 2, width: Math.max(x(b) - x(a), 0.75), height: rowH - 4 }));
       if (r.rd > r.s) seg("socket", r.s, r.rd);
