@@ -97,10 +97,11 @@ mod tests {
 
     #[test]
     fn lines_without_ids_keep_arrival_order() {
-        let mut a = RequestTimeline::default();
-        a.request_start = 20;
-        let mut b = RequestTimeline::default();
-        b.request_start = 10;
+        let at = |request_start| RequestTimeline {
+            request_start,
+            ..RequestTimeline::default()
+        };
+        let (a, b) = (at(20), at(10));
         assert_eq!(hop_order(&[a, b]), vec![(1, 0), (0, 0)]);
     }
 }
