@@ -31,6 +31,7 @@ pub(super) enum Carried {
     Trace(u32, [u8; 16]),
     Header(u32, String, String),
     Response(u32, String),
+    FirstEvent(u32, u64),
 }
 
 /// The client's view of `t`'s connection: its own ends for a client
@@ -62,6 +63,9 @@ pub(super) fn carried(t: &RequestTimeline) -> Vec<Carried> {
     }
     if let Some(id) = t.response_id.as_ref().filter(|id| !id.is_empty()) {
         out.push(Carried::Response(pid, id.clone()));
+    }
+    if let Some(h) = t.first_event_hash {
+        out.push(Carried::FirstEvent(pid, h));
     }
     out
 }

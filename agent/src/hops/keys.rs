@@ -66,7 +66,11 @@ pub(super) fn carried_over(
         return Some(JoinKey::RequestId);
     }
     match (&inbound.response_id, &outbound.response_id) {
-        (Some(a), Some(b)) if a == b && !a.is_empty() => Some(JoinKey::ResponseId),
+        (Some(a), Some(b)) if a == b && !a.is_empty() => return Some(JoinKey::ResponseId),
+        _ => {}
+    }
+    match (inbound.first_event_hash, outbound.first_event_hash) {
+        (Some(a), Some(b)) if a == b => Some(JoinKey::FirstEvent),
         _ => None,
     }
 }
@@ -82,6 +86,9 @@ pub(super) fn same_value(key: JoinKey, a: &RequestTimeline, b: &RequestTimeline)
             .iter()
             .any(|h| b.request_headers.contains(h)),
         JoinKey::ResponseId => a.response_id.is_some() && a.response_id == b.response_id,
+        JoinKey::FirstEvent => {
+            a.first_event_hash.is_some() && a.first_event_hash == b.first_event_hash
+        }
     }
 }
 
@@ -172,6 +179,9 @@ mod tests {
             850,
         );
         assert_eq!(carried_over(&inbound, &outbound), None, "nothing shared");
+        inbound.first_event_hash = Some(42);
+        outbound.first_event_hash = Some(42);
+        assert_eq!(carried_over(&inbound, &outbound), Some(JoinKey::FirstEvent));
         inbound.response_id = Some("chatcmpl-1".into());
         outbound.response_id = Some("chatcmpl-1".into());
         assert_eq!(carried_over(&inbound, &outbound), Some(JoinKey::ResponseId));

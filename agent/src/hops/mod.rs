@@ -52,6 +52,7 @@ pub struct HopStats {
     pub joined_traceparent: u64,
     pub joined_request_id: u64,
     pub joined_response_id: u64,
+    pub joined_first_event: u64,
     /// Client requests whose inbound request was never found: their own
     /// trace's root.
     pub unjoined_client_requests: u64,
@@ -524,6 +525,7 @@ impl Hops {
             Some(JoinKey::Traceparent) => &mut self.stats.joined_traceparent,
             Some(JoinKey::RequestId) => &mut self.stats.joined_request_id,
             Some(JoinKey::ResponseId) => &mut self.stats.joined_response_id,
+            Some(JoinKey::FirstEvent) => &mut self.stats.joined_first_event,
             None => return,
         };
         *slot += 1;

@@ -238,3 +238,44 @@ fn a_pooled_connection_reused_for_thousands_of_requests_joins_each_exactly() {
     assert_eq!((s.joined_tcp_4tuple, s.joined_request_id), (n, n));
     assert_eq!((s.ambiguous, s.unjoined_client_requests), (0, 0));
 }
+
+#[test]
+fn a_gateway_passing_events_through_unchanged_is_joined_by_its_first_event() {
+    let mut hops = Hops::new(IdGenerator::with_seed(3));
+    let mut out = Vec::new();
+    let [mut gateway, mut client, engine] = path(1000, "");
+    // it forwards no id header and the events carry no id
+    gateway.request_headers.clear();
+    client.request_headers.clear();
+    gateway.first_event_hash = Some(0xfeed);
+    client.first_event_hash = Some(0xfeed);
+    hops.push(engine, true, &mut out);
+    hops.push(client, false, &mut out);
+    hops.push(gateway, false, &mut out);
+    assert_eq!(out.len(), 3);
+    assert_eq!(ids(&out[1]).join_key, Some(JoinKey::FirstEvent));
+    assert_eq!(ids(&out[1]).parent_span_id, Some(ids(&out[0]).span_id));
+    assert_eq!(hops.stats().joined_first_event, 1);
+}
+
+#[test]
+fn identical_first_events_of_concurrent_requests_join_neither() {
+    let mut hops = Hops::new(IdGenerator::with_seed(3));
+    let mut out = Vec::new();
+    let [mut g1, mut c1, _] = path(1000, "");
+    let [mut g2, mut c2, _] = path(1050, "");
+    c2.addrs = Some(SockAddrs {
+        local: "127.0.0.1:40001".parse().expect("address"),
+        remote: "127.0.0.1:8000".parse().expect("address"),
+    });
+    for t in [&mut g1, &mut c1, &mut g2, &mut c2] {
+        t.request_headers.clear();
+        t.first_event_hash = Some(0x1); // "data: {\"token\":\"Hello\"}" on both
+    }
+    for t in [c1, c2, g1, g2] {
+        hops.push(t, false, &mut out);
+    }
+    assert!(out.iter().all(|t| ids(t).join_key.is_none()));
+    assert!(hops.stats().ambiguous > 0);
+    assert_eq!(hops.stats().joined_first_event, 0);
+}

@@ -38,6 +38,10 @@ pub enum JoinKey {
     /// Inside a gateway: the upstream's response id came back out in the
     /// gateway's own response.
     ResponseId,
+    /// Inside a gateway: its first SSE event carried the same data as the
+    /// upstream's first (a gateway that forwards events unchanged; weakest:
+    /// identical first events of concurrent requests join neither).
+    FirstEvent,
 }
 
 impl JoinKey {
@@ -47,6 +51,7 @@ impl JoinKey {
             JoinKey::Traceparent => "traceparent",
             JoinKey::RequestId => "request_id",
             JoinKey::ResponseId => "response_id",
+            JoinKey::FirstEvent => "first_event",
         }
     }
 }

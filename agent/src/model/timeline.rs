@@ -150,6 +150,11 @@ pub struct RequestTimeline {
     pub abort_reason: Option<AbortReason>,
     /// The `"id"` of the first JSON object of the response, when seen.
     pub response_id: Option<String>,
+    /// A hash of the first SSE event's data, when it was captured whole:
+    /// a gateway that passes the upstream's events through unchanged is
+    /// joined to its upstream call by it. Never exported (it is
+    /// completion text's fingerprint, not text).
+    pub first_event_hash: Option<u64>,
     pub usage: Option<Usage>,
     /// Writes whose payload was cut by the capture cap; events inside the
     /// missing tail could not be counted.

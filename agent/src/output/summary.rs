@@ -313,17 +313,21 @@ impl fmt::Display for RunSummary {
             )?;
         }
         let h = &self.hops;
-        let joined =
-            h.joined_tcp_4tuple + h.joined_traceparent + h.joined_request_id + h.joined_response_id;
+        let joined = h.joined_tcp_4tuple
+            + h.joined_traceparent
+            + h.joined_request_id
+            + h.joined_response_id
+            + h.joined_first_event;
         if self.stitch.client_requests + joined > 0 {
             write!(
                 f,
-                "\n  hops: {joined} joined (tcp 4-tuple {}, traceparent {}, request id {}, response id {}), \
-                 {} client and {} server requests unjoined, {} refused as ambiguous",
+                "\n  hops: {joined} joined (tcp 4-tuple {}, traceparent {}, request id {}, response id {}, \
+                 first event {}), {} client and {} server requests unjoined, {} refused as ambiguous",
                 h.joined_tcp_4tuple,
                 h.joined_traceparent,
                 h.joined_request_id,
                 h.joined_response_id,
+                h.joined_first_event,
                 h.unjoined_client_requests,
                 h.unjoined_server_requests,
                 h.ambiguous

@@ -371,6 +371,9 @@ impl Content {
                     tl.done_seen = true;
                     continue;
                 }
+                if tl.chunk_ts.is_empty() && event.complete {
+                    tl.first_event_hash = Some(fingerprint(event.data));
+                }
                 tl.push_chunk(ts);
                 let want_ids = tl.response_id.is_none() || response_model.is_none();
                 if want_ids || json_fields::may_carry_usage(event.data) {
@@ -389,6 +392,15 @@ impl Content {
             absorb(&mut ex.timeline, &mut ex.response_model, prefix.fields());
         }
     }
+}
+
+/// A fixed hash of an event's data (the same bytes on two hops of one
+/// process's run give the same value).
+fn fingerprint(data: &[u8]) -> u64 {
+    use std::hash::{DefaultHasher, Hasher};
+    let mut h = DefaultHasher::new();
+    h.write(data);
+    h.finish()
 }
 
 /// The first `id` and `model` seen win; the last `usage` does (streams
