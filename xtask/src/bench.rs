@@ -40,7 +40,10 @@
 //! each program (traced and untraced hits apart), the untraced syscall and
 //! context-switch taxes, peak RSS broken down, time to ready.
 //!
-//! `--only sse|cuda|tls|untraced|grpc|vllm|kernel` runs those sections (a
+//! Hops (`hops.rs`): the agent's CPU per request through nginx with the
+//! engine traced, and with the gateway's upstream calls traced and joined.
+//!
+//! `--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel` runs those sections (a
 //! comma list: `--only sse,kernel`); `--agent PATH` benches that agent
 //! binary instead of building this tree's. Results go to target/bench/.
 
@@ -59,6 +62,7 @@ use agent::{summary, TracingAgent};
 
 mod agent;
 mod grpc;
+mod hops;
 mod kernel;
 mod replay;
 mod tls;
@@ -68,7 +72,7 @@ mod vllm;
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|vllm|kernel[,...]] [--agent PATH] \
+                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel[,...]] [--agent PATH] \
                      | cargo xtask bench replay [...]";
 
 #[derive(Clone)]
@@ -85,6 +89,7 @@ struct Options {
     tls: bool,
     untraced: bool,
     grpc: bool,
+    hops: bool,
     vllm: bool,
     kernel: bool,
 }
@@ -101,6 +106,7 @@ fn parse(args: &[String]) -> Result<Options> {
         tls: true,
         untraced: true,
         grpc: true,
+        hops: true,
         vllm: true,
         kernel: true,
     };
@@ -113,8 +119,9 @@ fn parse(args: &[String]) -> Result<Options> {
             "--agent" => opts.agent = Some(value.into()),
             "--only" => {
                 let only: Vec<&str> = value.split(',').map(str::trim).collect();
-                const SECTIONS: [&str; 7] =
-                    ["sse", "cuda", "tls", "untraced", "grpc", "vllm", "kernel"];
+                const SECTIONS: [&str; 8] = [
+                    "sse", "cuda", "tls", "untraced", "grpc", "hops", "vllm", "kernel",
+                ];
                 if let Some(bad) = only.iter().find(|s| !SECTIONS.contains(s)) {
                     bail!(
                         "--only: unknown section {bad:?}; sections: {}\n{USAGE}",
@@ -127,6 +134,7 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.tls = on("tls");
                 opts.untraced = on("untraced");
                 opts.grpc = on("grpc");
+                opts.hops = on("hops");
                 opts.vllm = on("vllm");
                 opts.kernel = on("kernel");
             }
@@ -276,6 +284,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if opts.grpc {
         grpc::run(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.hops {
+        hops::run(&agent_bin, &opts, &mut report)?;
     }
     if opts.vllm {
         vllm::run(&agent_bin, &opts, &mut report)?;

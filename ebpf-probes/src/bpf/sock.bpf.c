@@ -61,12 +61,14 @@ struct ssl_call {
 	__u64 buf;
 	__u64 out_len; /* size_t * of the _ex variants, else 0 */
 	__u64 ts_enter;
-	/* The entry of the first socket write made inside the call: when a
-	 * socket-BIO SSL_write handed its records to the kernel (a thread
-	 * preempted between encrypting and writing sends later than the call
-	 * began; seen 0.7 ms under load). 0: none (a memory BIO's records
-	 * leave with the event loop's own write, dated in userspace). */
-	__u64 first_write_ns;
+	/* ns from ts_enter to the entry of the first socket write made inside
+	 * the call: when a socket-BIO SSL_write handed its records to the
+	 * kernel (a thread preempted between encrypting and writing sends
+	 * later than the call began; seen 0.7 ms under load). 0: none (a
+	 * memory BIO's records leave with the event loop's own write, dated
+	 * in userspace). 32 bits keep the entry programs' stack under 64
+	 * bytes (no private stack, see common.bpf.h). */
+	__u32 first_write_after;
 	__u8 call;
 	__u8 direction;
 };
@@ -367,8 +369,10 @@ static __always_inline int exit_io(long ret, const bool vec, const bool loop)
 	if (in_ssl) {
 		/* Ciphertext of an OpenSSL call on this thread: remember which
 		 * socket the SSL* uses; the plaintext is reported by the uprobe. */
-		if (a.direction == TT_DIR_EGRESS && !in_ssl->first_write_ns)
-			in_ssl->first_write_ns = a.ts_enter;
+		if (a.direction == TT_DIR_EGRESS && !in_ssl->first_write_after && a.ts_enter > in_ssl->ts_enter) {
+			__u64 after = a.ts_enter - in_ssl->ts_enter;
+			in_ssl->first_write_after = after > 0xffffffff ? 0xffffffff : after;
+		}
 		struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = in_ssl->ssl };
 		bpf_map_update_elem(&ssl_fds, &key, &a.fd, BPF_ANY);
 		return 0;
@@ -906,7 +910,7 @@ static __always_inline int ssl_return(long ret)
 		return 0;
 	fill_header(&e->hdr, TT_EVENT_DATA);
 	/* A write's plaintext was handed over when its first record was. */
-	e->ts_enter_ns = c.direction == TT_DIR_EGRESS && c.first_write_ns ? c.first_write_ns : c.ts_enter;
+	e->ts_enter_ns = c.ts_enter + (c.direction == TT_DIR_EGRESS ? c.first_write_after : 0);
 	e->sock_ino = c.ssl;
 	e->fd = -1;
 	e->len = moved;
