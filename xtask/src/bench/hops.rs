@@ -87,10 +87,9 @@ fn start_nginx(dir: &Path, upstream: u16) -> Result<Nginx> {
     let master = Guard(master);
     let deadline = Instant::now() + Duration::from_secs(15);
     while Instant::now() < deadline {
-        let children = std::fs::read_to_string(format!(
-            "/proc/{master_pid}/task/{master_pid}/children"
-        ))
-        .unwrap_or_default();
+        let children =
+            std::fs::read_to_string(format!("/proc/{master_pid}/task/{master_pid}/children"))
+                .unwrap_or_default();
         let workers: Vec<u32> = children
             .split_whitespace()
             .filter_map(|p| p.parse().ok())
