@@ -20,15 +20,30 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::{cpu_ticks, json_number, median, summary, Options, TracingAgent};
+use super::{json_number, median, summary, Options, TracingAgent};
 use crate::util::{self, free_port, start_server, Guard};
 
 const ENGINE: &str = "tests/servers/stdlib_sse.py";
 const CLIENT: &str = "tests/clients/hop_client.py";
 /// nginx's keep-alive connections to the engine.
 const POOL: u64 = 4;
-/// USER_HZ on Linux.
-const CLK_TCK: f64 = 100.0;
+
+/// CPU time `pid`'s threads have run, ns (each thread's
+/// /proc/PID/task/TID/schedstat, ns resolution: the stat file's 10 ms
+/// ticks are too coarse for a few hundred ms a round; the agent's threads
+/// live as long as it does).
+fn cpu_ns(pid: u32) -> Result<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
+        let text = std::fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
+        total += text
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(0);
+    }
+    Ok(total)
+}
 
 /// nginx in the foreground with one worker, its files in `dir`.
 struct Nginx {
@@ -143,14 +158,14 @@ fn traced(
         .collect();
     let selector: Vec<&str> = selector.iter().map(String::as_str).collect();
     let agent = TracingAgent::spawn(agent_bin, None, &selector, Duration::from_secs(60))?;
-    let before = cpu_ticks(agent.pid)?;
+    let before = cpu_ns(agent.pid)?;
     let rate = load(port, requests, threads)?;
     // what the last requests produced, and the held lines, are handled
     // before the agent stops; both count
     std::thread::sleep(Duration::from_millis(300));
-    let ticks = cpu_ticks(agent.pid)? - before;
+    let ns = cpu_ns(agent.pid)? - before;
     let log = agent.stop()?;
-    let us = ticks as f64 / CLK_TCK * 1e6 / requests as f64;
+    let us = ns as f64 / 1e3 / requests as f64;
     Ok((rate, us, log))
 }
 
