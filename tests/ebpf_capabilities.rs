@@ -516,8 +516,10 @@ fn root_daemonset_caps_deep_or_scratch_programs_disable_preemption() {
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let programs: Vec<&str> = text.lines().filter(|l| l.starts_with("program ")).collect();
     eprintln!("[test] verifier stack depths:\n{}", programs.join("\n"));
+    // sock (raw syscall hooks, socket and process tracepoints, OpenSSL),
+    // infer (CUDA, USDT, sched_switch) and profile: 27 on 6.18.
     assert!(
-        programs.len() > 40,
+        programs.len() > 20,
         "{title}: too few program lines:\n{text}"
     );
     let mut must_guard: BTreeSet<String> = BTreeSet::new();
@@ -547,7 +549,10 @@ fn root_daemonset_caps_deep_or_scratch_programs_disable_preemption() {
             must_guard.insert(name);
         }
     }
-    assert!(must_guard.contains("ssl_exit"), "{title}: {must_guard:?}");
+    assert!(
+        must_guard.contains("ssl_exit") && must_guard.contains("exit_syscall"),
+        "{title}: {must_guard:?}"
+    );
 
     let (_tls, server) = https_uvicorn("caps-preempt");
     let mut agent = start_capped_agent(&Agent::for_pids(&[server.pid()]));

@@ -28,6 +28,11 @@ and a client that reads them as fast as it can.
       two pipes (each hand-over blocks one thread and wakes the other).
       Prints READY <pid>, waits for a line on stdin, runs S seconds, prints
       one JSON line {"round_trips", "seconds", "round_trips_per_s"}.
+  python3 tests/bench/sse_flood.py syscall-loop --seconds S
+      Syscalls that move no bytes alone: one thread calls getppid() (a
+      syscall every time; glibc caches nothing). Prints READY <pid>, waits
+      for a line on stdin, runs S seconds, prints one JSON line
+      {"syscalls", "seconds", "syscalls_per_s"}.
 Stdlib only; loopback only; bounded by --seconds.
 """
 
@@ -271,6 +276,18 @@ def pingpong(args):
     print(json.dumps({"round_trips": trips, "seconds": elapsed, "round_trips_per_s": trips / elapsed}), flush=True)
 
 
+def syscall_loop(args):
+    print("READY %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+    getppid = os.getppid
+    def batch():
+        for _ in range(1000):
+            getppid()
+
+    calls, elapsed = timed(args.seconds, batch, 1000)
+    print(json.dumps({"syscalls": calls, "seconds": elapsed, "syscalls_per_s": calls / elapsed}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -293,6 +310,8 @@ def main():
     writes.add_argument("--seconds", type=float, default=3.0)
     pp = sub.add_parser("pingpong")
     pp.add_argument("--seconds", type=float, default=3.0)
+    sc = sub.add_parser("syscall-loop")
+    sc.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
     if args.mode == "server":
         if args.tls and not (args.certfile and args.keyfile):
@@ -304,6 +323,8 @@ def main():
         write_loop(args)
     elif args.mode == "pingpong":
         pingpong(args)
+    elif args.mode == "syscall-loop":
+        syscall_loop(args)
     else:
         ssl_loop(args)
 

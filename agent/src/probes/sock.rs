@@ -181,19 +181,15 @@ fn has_bpf_loop() -> bool {
     rc == 1
 }
 
-/// The iovec syscalls' exit programs come twice (sock.bpf.c
-/// `EXIT_PROG_VEC`): with a bpf_loop walk where the kernel has bpf_loop
-/// (verified in a few thousand instructions instead of ~800k), else the
-/// `_compat` twin, whose bpf_loop-free code older kernels accept. Exactly
-/// one of each pair loads.
+/// The syscall exit program comes twice (sock.bpf.c `exit_syscall`): with a
+/// bpf_loop iovec walk where the kernel has bpf_loop (verified in a few
+/// thousand instructions instead of ~800k), else the `_compat` twin, whose
+/// bpf_loop-free code older kernels accept. Exactly one of the pair loads.
 pub(crate) fn select_iov_programs(object: &mut libbpf_rs::OpenObject) {
     let with_loop = has_bpf_loop();
     for mut program in object.progs_mut() {
         let name = program.name().to_string_lossy().into_owned();
-        let is_vec_exit = ["exit_readv", "exit_recvmsg", "exit_writev", "exit_sendmsg"]
-            .iter()
-            .any(|base| name.starts_with(base));
-        if is_vec_exit {
+        if name.starts_with("exit_syscall") {
             program.set_autoload(name.ends_with("_compat") != with_loop);
         }
     }

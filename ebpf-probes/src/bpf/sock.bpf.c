@@ -301,12 +301,9 @@ static __always_inline __s32 only_pending(struct last_read *lr)
 	return n == 1 && !lr->overflow ? fd : -1;
 }
 
-static __always_inline int enter_io(int fd, __u64 buf, __u32 iovcnt, __u8 call, __u8 direction)
+/* The entry of a data syscall of a traced thread: its arguments, for the exit. */
+static __always_inline int enter_io(__u64 pid_tgid, int fd, __u64 buf, __u32 iovcnt, __u8 call, __u8 direction)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-
-	if (!is_traced(pid_tgid >> 32))
-		return 0;
 	struct io_args args = {
 		.ts_enter = bpf_ktime_get_ns(),
 		.buf = buf,
@@ -319,15 +316,13 @@ static __always_inline int enter_io(int fd, __u64 buf, __u32 iovcnt, __u8 call, 
 	return 0;
 }
 
-static __always_inline int enter_msg(int fd, __u64 msghdr, __u8 call, __u8 direction)
+static __always_inline int enter_msg(__u64 pid_tgid, int fd, __u64 msghdr, __u8 call, __u8 direction)
 {
 	struct user_msghdr msg = {};
 
-	if (!is_traced(bpf_get_current_pid_tgid() >> 32))
-		return 0;
 	if (bpf_probe_read_user(&msg, sizeof(msg), (void *)msghdr))
 		return 0;
-	return enter_io(fd, (__u64)msg.msg_iov, msg.msg_iovlen ? msg.msg_iovlen : 1, call, direction);
+	return enter_io(pid_tgid, fd, (__u64)msg.msg_iov, msg.msg_iovlen ? msg.msg_iovlen : 1, call, direction);
 }
 
 static __always_inline int exit_io(long ret, const bool vec, const bool loop)
@@ -409,104 +404,6 @@ static __always_inline int exit_io(long ret, const bool vec, const bool loop)
 	return data_flat(&out, e, a.buf, limit);
 }
 
-#define ARG(n) ((__u64)ctx->args[n])
-
-SEC("tracepoint/syscalls/sys_enter_read")
-int enter_read(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(ARG(0), ARG(1), 0, TT_IO_READ, TT_DIR_INGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_readv")
-int enter_readv(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(ARG(0), ARG(1), ARG(2), TT_IO_READV, TT_DIR_INGRESS);
-}
-
-/* MSG_PEEK (uapi linux/socket.h; macros are not in vmlinux.h): the bytes
- * stay queued and the next read returns them again, so a peek is not data
- * (nginx peeks 1 byte of every connection on an `ssl` listener). */
-#define TT_MSG_PEEK 0x2
-
-SEC("tracepoint/syscalls/sys_enter_recvfrom")
-int enter_recvfrom(struct trace_event_raw_sys_enter *ctx)
-{
-	if (ARG(3) & TT_MSG_PEEK)
-		return 0;
-	return enter_io(ARG(0), ARG(1), 0, TT_IO_RECVFROM, TT_DIR_INGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_recvmsg")
-int enter_recvmsg(struct trace_event_raw_sys_enter *ctx)
-{
-	if (ARG(2) & TT_MSG_PEEK)
-		return 0;
-	return enter_msg(ARG(0), ARG(1), TT_IO_RECVMSG, TT_DIR_INGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_write")
-int enter_write(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(ARG(0), ARG(1), 0, TT_IO_WRITE, TT_DIR_EGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_writev")
-int enter_writev(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(ARG(0), ARG(1), ARG(2), TT_IO_WRITEV, TT_DIR_EGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_sendto")
-int enter_sendto(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(ARG(0), ARG(1), 0, TT_IO_SENDTO, TT_DIR_EGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_sendmsg")
-int enter_sendmsg(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_msg(ARG(0), ARG(1), TT_IO_SENDMSG, TT_DIR_EGRESS);
-}
-
-SEC("tracepoint/syscalls/sys_enter_sendfile64")
-int enter_sendfile(struct trace_event_raw_sys_enter *ctx)
-{
-	return enter_io(ARG(0), 0, 0, TT_IO_SENDFILE, TT_DIR_EGRESS);
-}
-
-/* exit_io may stage its record in the per-CPU scratch slot that ssl_exit
- * uses too (older kernels, see data_record.bpf.h): neither may be
- * preempted while it does (see no_preempt_begin). The pid filter comes
- * first: an untraced exit costs one array load. */
-#define EXIT_PROG_(name, tp, vec, loop)                            \
-	SEC("tracepoint/syscalls/" tp)                             \
-	int name(struct trace_event_raw_sys_exit *ctx)             \
-	{                                                          \
-		if (!is_traced(bpf_get_current_pid_tgid() >> 32))  \
-			return 0;                                  \
-		no_preempt_begin();                                \
-		int rc = exit_io(ctx->ret, vec, loop);             \
-		no_preempt_end();                                  \
-		return rc;                                         \
-	}
-#define EXIT_PROG(name, tp) EXIT_PROG_(name, tp, false, false)
-/* The iovec calls, twice: with the bpf_loop walk (loaded where the kernel
- * has bpf_loop) and `_compat` without it (older kernels: the agent loads
- * one of the two, see probes/sock.rs). */
-#define EXIT_PROG_VEC(name, tp)                 \
-	EXIT_PROG_(name, tp, true, true)        \
-	EXIT_PROG_(name##_compat, tp, true, false)
-
-EXIT_PROG(exit_read, "sys_exit_read")
-EXIT_PROG_VEC(exit_readv, "sys_exit_readv")
-EXIT_PROG(exit_recvfrom, "sys_exit_recvfrom")
-EXIT_PROG_VEC(exit_recvmsg, "sys_exit_recvmsg")
-EXIT_PROG(exit_write, "sys_exit_write")
-EXIT_PROG_VEC(exit_writev, "sys_exit_writev")
-EXIT_PROG(exit_sendto, "sys_exit_sendto")
-EXIT_PROG_VEC(exit_sendmsg, "sys_exit_sendmsg")
-EXIT_PROG(exit_sendfile, "sys_exit_sendfile64")
-
 /* ---- connection lifecycle ------------------------------------------------ */
 
 static __always_inline int emit_conn(__u32 kind, int fd)
@@ -552,35 +449,18 @@ static __always_inline int emit_conn(__u32 kind, int fd)
  * connection that call returns must not be missed. */
 static __always_inline int exit_accept(long ret)
 {
-	if (ret < 0 || !is_traced(bpf_get_current_pid_tgid() >> 32))
+	if (ret < 0)
 		return 0;
 	return emit_conn(TT_EVENT_ACCEPT, ret);
 }
 
-SEC("tracepoint/syscalls/sys_exit_accept")
-int exit_accept_(struct trace_event_raw_sys_exit *ctx)
+static __always_inline int enter_close(__u64 pid_tgid, int fd)
 {
-	return exit_accept(ctx->ret);
-}
-
-SEC("tracepoint/syscalls/sys_exit_accept4")
-int exit_accept4(struct trace_event_raw_sys_exit *ctx)
-{
-	return exit_accept(ctx->ret);
-}
-
-SEC("tracepoint/syscalls/sys_enter_close")
-int enter_close(struct trace_event_raw_sys_enter *ctx)
-{
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-
-	if (!is_traced(pid_tgid >> 32))
-		return 0;
 	/* A read nobody will consume: it must not keep "exactly one" away. */
 	struct last_read *lr = bpf_map_lookup_elem(&last_read, &pid_tgid);
 	if (lr)
-		consume_read(lr, (__s32)ARG(0));
-	return emit_conn(TT_EVENT_CLOSE, ARG(0));
+		consume_read(lr, fd);
+	return emit_conn(TT_EVENT_CLOSE, fd);
 }
 
 /* listen() is rare; it is watched in every process only when the agent
@@ -589,18 +469,10 @@ int enter_close(struct trace_event_raw_sys_enter *ctx)
  * that autobinds reports port 0, a failing one is reported anyway; both
  * only make the agent look at a process). A traced process's listener is
  * marked for ingress timing either way (one lookup more per listen()). */
-SEC("tracepoint/syscalls/sys_enter_listen")
-int enter_listen(struct trace_event_raw_sys_enter *ctx)
+static __always_inline int enter_listen(int fd, bool traced)
 {
-	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 	__u64 ino = 0;
-
-	if (tgid == agent_tgid)
-		return 0;
-	bool traced = is_traced(tgid);
-	if (!report_listens && !traced)
-		return 0;
-	struct sock *sk = tcp_sock_of_fd(ARG(0), &ino);
+	struct sock *sk = tcp_sock_of_fd(fd, &ino);
 	if (!sk)
 		return 0;
 	if (traced)
@@ -992,12 +864,9 @@ int BPF_UPROBE(ssl_free_enter)
  * libssl before the first handshake. */
 #define PROT_EXEC 0x4
 
-SEC("tracepoint/syscalls/sys_enter_mmap")
-int enter_mmap(struct trace_event_raw_sys_enter *ctx)
+static __always_inline int enter_mmap(__u64 prot, long fd)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-
-	if (!(ARG(2) & PROT_EXEC) || (long)ARG(4) < 0 || !is_traced(pid_tgid >> 32))
+	if (!(prot & PROT_EXEC) || fd < 0)
 		return 0;
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
@@ -1010,6 +879,123 @@ int enter_mmap(struct trace_event_raw_sys_enter *ctx)
 	e->filename[0] = 0;
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
+}
+
+/* ---- syscall dispatch ------------------------------------------------------
+ * Two BTF tracepoints on the raw syscall hooks (sys_enter, sys_exit) see
+ * every syscall of every process, instead of one perf-event tracepoint per
+ * syscall (`syscalls:sys_enter_write`, ...). Both kinds put every task on
+ * the syscall slow path; on top of that a perf-event syscall tracepoint
+ * builds a perf record of the arguments before the program runs (~140 ns
+ * per hit here with a program that only compares the pid), a raw one calls
+ * the program with the registers (a few ns). So an untraced process's
+ * socket and pipe I/O costs one array load per hook instead of a perf
+ * record, and its other syscalls (futex, epoll_wait) one array load where
+ * they cost nothing before: `cargo xtask bench --only kernel` measures
+ * both. The pid filter comes first; the syscall number only after it. */
+#include "syscall_nr.bpf.h"
+
+/* MSG_PEEK (uapi linux/socket.h; macros are not in vmlinux.h): the bytes
+ * stay queued and the next read returns them again, so a peek is not data
+ * (nginx peeks 1 byte of every connection on an `ssl` listener). */
+#define TT_MSG_PEEK 0x2
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(enter_syscall, struct pt_regs *regs, long id)
+{
+	/* The tgid from the task: the JIT inlines bpf_get_current_task_btf (a
+	 * per-CPU load), bpf_get_current_pid_tgid is a call. */
+	__u32 tgid = bpf_get_current_task_btf()->tgid;
+
+	if (!is_traced(tgid)) {
+		if (id == TT_NR_LISTEN && report_listens && tgid != agent_tgid && !compat_syscall())
+			return enter_listen(SYSCALL_ARG(regs, 0), false);
+		return 0;
+	}
+	if (compat_syscall())
+		return 0;
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	switch (id) {
+	case TT_NR_READ:
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), 0, TT_IO_READ, TT_DIR_INGRESS);
+	case TT_NR_READV:
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), SYSCALL_ARG(regs, 2),
+				TT_IO_READV, TT_DIR_INGRESS);
+	case TT_NR_RECVFROM:
+		if (SYSCALL_ARG(regs, 3) & TT_MSG_PEEK)
+			return 0;
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), 0, TT_IO_RECVFROM,
+				TT_DIR_INGRESS);
+	case TT_NR_RECVMSG:
+		if (SYSCALL_ARG(regs, 2) & TT_MSG_PEEK)
+			return 0;
+		return enter_msg(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), TT_IO_RECVMSG, TT_DIR_INGRESS);
+	case TT_NR_WRITE:
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), 0, TT_IO_WRITE, TT_DIR_EGRESS);
+	case TT_NR_WRITEV:
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), SYSCALL_ARG(regs, 2),
+				TT_IO_WRITEV, TT_DIR_EGRESS);
+	case TT_NR_SENDTO:
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), 0, TT_IO_SENDTO, TT_DIR_EGRESS);
+	case TT_NR_SENDMSG:
+		return enter_msg(pid_tgid, SYSCALL_ARG(regs, 0), SYSCALL_ARG(regs, 1), TT_IO_SENDMSG, TT_DIR_EGRESS);
+	case TT_NR_SENDFILE:
+		return enter_io(pid_tgid, SYSCALL_ARG(regs, 0), 0, 0, TT_IO_SENDFILE, TT_DIR_EGRESS);
+	case TT_NR_CLOSE:
+		return enter_close(pid_tgid, SYSCALL_ARG(regs, 0));
+	case TT_NR_LISTEN:
+		return enter_listen(SYSCALL_ARG(regs, 0), true);
+	case TT_NR_MMAP:
+		return enter_mmap(SYSCALL_ARG(regs, 2), SYSCALL_ARG(regs, 4));
+	}
+	return 0;
+}
+
+/* The exits that report: accept's new connection (only the exit is
+ * probed: a server is usually blocked in accept() when tracing starts, and
+ * the connection that call returns must not be missed) and the data calls
+ * whose entry was kept in `active_io`. exit_io may stage its record in the
+ * per-CPU scratch slot that ssl_exit uses too (older kernels, see
+ * data_record.bpf.h): neither may be preempted while it does (see
+ * no_preempt_begin). Twice: with the bpf_loop iovec walk (loaded where the
+ * kernel has bpf_loop) and `_compat` without it (older kernels: the agent
+ * loads one of the two, see probes/sock.rs). */
+static __always_inline int exit_syscall_(struct pt_regs *regs, long ret, const bool loop)
+{
+	if (!is_traced(bpf_get_current_task_btf()->tgid) || compat_syscall())
+		return 0;
+	switch (SYSCALL_NR(regs)) {
+	case TT_NR_ACCEPT:
+	case TT_NR_ACCEPT4:
+		return exit_accept(ret);
+	case TT_NR_READ:
+	case TT_NR_READV:
+	case TT_NR_RECVFROM:
+	case TT_NR_RECVMSG:
+	case TT_NR_WRITE:
+	case TT_NR_WRITEV:
+	case TT_NR_SENDTO:
+	case TT_NR_SENDMSG:
+	case TT_NR_SENDFILE: {
+		no_preempt_begin();
+		int rc = exit_io(ret, true, loop);
+		no_preempt_end();
+		return rc;
+	}
+	}
+	return 0;
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(exit_syscall, struct pt_regs *regs, long ret)
+{
+	return exit_syscall_(regs, ret, true);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(exit_syscall_compat, struct pt_regs *regs, long ret)
+{
+	return exit_syscall_(regs, ret, false);
 }
 
 /* ---- softirq hooks on traced sockets (see sock_state.bpf.h) --------------

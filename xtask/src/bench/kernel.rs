@@ -18,6 +18,9 @@
 //!   and a draining recv() thread, untraced) without / with the agent.
 //! - **context-switch tax**: `sse_flood.py pingpong` (two untraced threads
 //!   passing a byte over two pipes) without / with the agent.
+//! - **non-I/O syscall tax**: `sse_flood.py syscall-loop` (getppid() in an
+//!   untraced thread) without / with the agent: the raw syscall hooks see
+//!   every syscall, not only the socket and pipe calls the loops above make.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -286,10 +289,11 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         let before = prog_stats(agent.pid)?;
         gated_loop("write-loop", "writes_per_s", opts.seconds)?;
         gated_loop("pingpong", "round_trips_per_s", opts.seconds)?;
+        gated_loop("syscall-loop", "syscalls_per_s", opts.seconds)?;
         let after = prog_stats(agent.pid)?;
         agent.stop()?;
         out.push_str(&format!(
-            "BPF ns per run, untraced hits (bpf_stats on; write-loop and pingpong while the agent traces an idle process): {}\n",
+            "BPF ns per run, untraced hits (bpf_stats on; write-loop, pingpong and syscall-loop while the agent traces an idle process): {}\n",
             format_stats(&stats_delta(&before, &after))
         ));
     }
@@ -313,6 +317,12 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             "pingpong",
             "round_trips_per_s",
             "pingpong: two untraced threads passing a byte over two pipes",
+        ),
+        (
+            "non-I/O syscall tax",
+            "syscall-loop",
+            "syscalls_per_s",
+            "syscall-loop: getppid() in an untraced thread",
         ),
     ] {
         gated_loop(mode, key, 1.0)?; // warm-up
