@@ -368,7 +368,11 @@ fn classify_http(status: StatusCode, retry_after: Option<Duration>) -> Result<()
     }
 }
 
-/// The OTLP/gRPC spec's retryable codes.
+/// The OTLP/gRPC spec's retryable codes. A status tonic made itself from
+/// an error of its own (it carries that error as its source; one the
+/// backend sent never does) means no answer came: the connection broke
+/// with the request in flight (a collector killed mid-export gave
+/// `Unknown: transport error`), so the batch is retried, not dropped.
 fn grpc_error(status: tonic::Status) -> SendError {
     use tonic::Code;
     let message = format!(
@@ -376,6 +380,9 @@ fn grpc_error(status: tonic::Status) -> SendError {
         status.code(),
         status.message()
     );
+    if std::error::Error::source(&status).is_some() {
+        return retryable(message);
+    }
     match status.code() {
         Code::Cancelled
         | Code::DeadlineExceeded
@@ -452,6 +459,16 @@ mod tests {
         ));
         assert!(matches!(
             grpc_error(tonic::Status::unauthenticated("who")),
+            SendError::Permanent(_)
+        ));
+        // A broken connection, as tonic reports it: Unknown, with the
+        // transport's error as the source.
+        let broken = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset");
+        let status = tonic::Status::from_error(Box::new(broken));
+        assert_eq!(status.code(), tonic::Code::Unknown);
+        assert!(matches!(grpc_error(status), SendError::Retryable { .. }));
+        assert!(matches!(
+            grpc_error(tonic::Status::unknown("the backend said so")),
             SendError::Permanent(_)
         ));
     }
