@@ -36,6 +36,10 @@ pub enum Command {
     Record(Box<RecordArgs>),
     /// Rebuild a session's artifacts from its raw.pb.
     Replay(ReplayArgs),
+    /// Live full-screen view: per service × model × route rates, TTFT/ITL
+    /// percentiles and stall causes, the slowest recent requests, the
+    /// agent's own line (traces here, or reads a running agent: --remote).
+    Top(TopArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -187,4 +191,43 @@ pub struct ReplayArgs {
     /// Directory for the rebuilt artifacts (created if missing).
     #[arg(long)]
     pub out: PathBuf,
+}
+
+/// `tokentrace top`.
+#[derive(Debug, Clone, Args)]
+pub struct TopArgs {
+    /// Trace this process (repeatable). Children it forks are traced too.
+    #[arg(long, value_delimiter = ',', conflicts_with = "remote")]
+    pub pid: Vec<u32>,
+
+    /// Trace the processes listening on this TCP port (repeatable).
+    #[arg(long, value_delimiter = ',', conflicts_with = "remote")]
+    pub port: Vec<u16>,
+
+    /// Trace processes whose executable path or command line matches this regex.
+    #[arg(long, conflicts_with = "remote")]
+    pub exe: Option<String>,
+
+    /// Trace processes whose name (comm) matches this regex.
+    #[arg(long, conflicts_with = "remote")]
+    pub comm: Option<String>,
+
+    /// YAML config file (local tracing).
+    #[arg(long, conflicts_with = "remote")]
+    pub config: Option<PathBuf>,
+
+    /// The sliding window the rows and the slowest list cover (at most 10m).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub window: Duration,
+
+    /// Show the agent serving this control endpoint (`tokentrace run` on
+    /// that node) instead of tracing here, e.g. http://node-1:9465.
+    #[arg(long)]
+    pub remote: Option<String>,
+
+    /// Bearer token for --remote, read from this file (else from
+    /// TOKENTRACE_CONTROL_TOKEN, else from the local agent's root-only
+    /// /var/lib/tokentrace/sessions/control.token).
+    #[arg(long, requires = "remote")]
+    pub token_file: Option<PathBuf>,
 }

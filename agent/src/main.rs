@@ -103,6 +103,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Top(args) => match runtime().and_then(|rt| tokentrace::top::top(args, rt)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(err) => {
+                eprintln!("Error: {err:#}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Replay(args) => match tokentrace::record::replay(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(err) => {

@@ -38,27 +38,7 @@ impl RecordArgs {
     }
 
     fn token(&self) -> Result<Option<String>> {
-        if let Some(path) = &self.token_file {
-            let token = std::fs::read_to_string(path)
-                .with_context(|| format!("--token-file {}", path.display()))?;
-            return Ok(Some(token.trim().to_string()));
-        }
-        if let Some(token) = std::env::var("TOKENTRACE_CONTROL_TOKEN")
-            .ok()
-            .map(|t| t.trim().to_string())
-            .filter(|t| !t.is_empty())
-        {
-            return Ok(Some(token));
-        }
-        // The agent on this host keeps its generated token root-only.
-        let local = token::default_token_path();
-        match token::read_token(&local) {
-            Ok(token) => Ok(Some(token)),
-            Err(err) if local.exists() => Err(err.context(
-                "the local agent's control token is root-only: run as root, or pass --token-file",
-            )),
-            Err(_) => Ok(None),
-        }
+        token::client_token(self.token_file.as_deref())
     }
 }
 
@@ -141,6 +121,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         sessions: Some(hub.clone()),
         quiet: true,
         ready: Some(ready_tx),
+        ..RunHooks::default()
     };
     let run = run_with(run_args, hooks).await;
     progress.abort();

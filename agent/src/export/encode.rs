@@ -15,7 +15,7 @@ use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
 use super::metrics::{
     self_metrics, ExportCounters, Histogram as Hist, Kind, Latency, Metrics, CANCELLATIONS,
-    IN_FLIGHT, SOCKET_WAIT, STALL_DURATION, STALL_TIME,
+    IN_FLIGHT, SOCKET_WAIT, SOCKET_WAIT_DURATION, STALL_DURATION, STALL_TIME,
 };
 use super::resource::{kv_int, kv_str, ResourceRules};
 use super::series::Keyed;
@@ -140,8 +140,8 @@ pub fn metrics_request(
         &mut families,
         SOCKET_WAIT,
         "s",
-        group(&metrics.socket_wait.series, |k, s| {
-            point(k.attributes(), number_data_point::Value::AsDouble(*s))
+        group(&metrics.socket_wait.series, |k, h| {
+            point(k.attributes(), number_data_point::Value::AsDouble(h.sum))
         }),
         counter,
     );
@@ -167,6 +167,26 @@ pub fn metrics_request(
         }),
         |data_points| metric::Data::Gauge(Gauge { data_points }),
     );
+    let histograms = |data_points| {
+        metric::Data::Histogram(Histogram {
+            data_points,
+            aggregation_temporality: cumulative,
+        })
+    };
+    add_family(
+        &mut families,
+        SOCKET_WAIT_DURATION,
+        "s",
+        group(&metrics.socket_wait.series, |k, h| {
+            let a = k
+                .attributes()
+                .into_iter()
+                .map(|(k, v)| kv_str(k, v))
+                .collect();
+            histogram_point(a, start, now_unix_nano, h)
+        }),
+        histograms,
+    );
     add_family(
         &mut families,
         STALL_DURATION,
@@ -177,12 +197,7 @@ pub fn metrics_request(
             let a = a.into_iter().map(|(k, v)| kv_str(k, v)).collect();
             histogram_point(a, start, now_unix_nano, h)
         }),
-        |data_points| {
-            metric::Data::Histogram(Histogram {
-                data_points,
-                aggregation_temporality: cumulative,
-            })
-        },
+        histograms,
     );
     for service in families.keys() {
         by_service.entry(service).or_default();
@@ -511,6 +526,7 @@ mod family_tests {
                 "tokentrace.socket.wait",
                 "tokentrace.stall.time",
                 "tokentrace.requests.in_flight",
+                "tokentrace.socket.wait.duration",
                 "tokentrace.stall.duration",
             ]
         );

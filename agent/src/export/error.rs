@@ -121,7 +121,7 @@ mod tests {
         };
         let settings =
             resolve(&ExportConfig::default(), &args, &|_: &str| None).expect("valid settings");
-        let Err(err) = Exporter::start(settings).await else {
+        let Err(err) = Exporter::start(settings, false).await else {
             panic!("{addr} is taken, yet the exporter started");
         };
         let cause = std::error::Error::source(&err)

@@ -46,6 +46,12 @@ pub const ITL_BOUNDS: &[f64] = &[
 pub const STALL_BOUNDS: &[f64] = &[
     0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0,
 ];
+/// Bucket bounds (seconds) of `tokentrace.socket.wait.duration`: a request
+/// read at once waits tens of µs, one behind a busy event loop seconds.
+pub const SOCKET_WAIT_BOUNDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
 /// Bucket bounds (seconds) of `gen_ai.server.request.duration`.
 pub const DURATION_BOUNDS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0, 120.0, 300.0,
@@ -230,6 +236,11 @@ pub const SOCKET_WAIT: (&str, &str) = (
     "tokentrace.socket.wait",
     "Time requests waited in the socket's receive queue before the server read them",
 );
+/// The same waits as a histogram, for their percentiles (`tokentrace top`).
+pub const SOCKET_WAIT_DURATION: (&str, &str) = (
+    "tokentrace.socket.wait.duration",
+    "Time each request waited in the socket's receive queue before the server read it",
+);
 /// Seconds of stalled chunk gaps, by cause.
 pub const STALL_TIME: (&str, &str) = (
     "tokentrace.stall.time",
@@ -307,8 +318,9 @@ pub struct Metrics {
     pub requests: u64,
     /// Client cancellations by service, route and model.
     pub cancellations: Capped<RouteKey, u64>,
-    /// Seconds in the socket's receive queue.
-    pub socket_wait: Capped<RouteKey, f64>,
+    /// Time in the socket's receive queue: the counter of seconds is its
+    /// sum.
+    pub socket_wait: Capped<RouteKey, Histogram>,
     /// Seconds of stalled gaps by cause.
     pub stall_time: Capped<(RouteKey, StallCause), f64>,
     /// Stalled gaps by their largest cause.
@@ -381,7 +393,9 @@ impl Metrics {
         }
         let secs = |ns: u64| ns as f64 / 1e9;
         if let Some(wait) = t.socket_wait_ns() {
-            *self.socket_wait.slot(route.clone(), max, || 0.0) += secs(wait);
+            self.socket_wait
+                .slot(route.clone(), max, || Histogram::new(SOCKET_WAIT_BOUNDS))
+                .observe(secs(wait));
         }
         for stall in &t.stalls {
             for (cause, seconds) in stalls::causes(stall) {
@@ -478,7 +492,7 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
         };
     let overflowed = |family: &str| match family {
         f if f == CANCELLATIONS.0 => metrics.cancellations.overflowed,
-        f if f == SOCKET_WAIT.0 => metrics.socket_wait.overflowed,
+        f if f == SOCKET_WAIT.0 || f == SOCKET_WAIT_DURATION.0 => metrics.socket_wait.overflowed,
         f if f == STALL_TIME.0 => metrics.stall_time.overflowed,
         f if f == STALL_DURATION.0 => metrics.stall_duration.overflowed,
         f if f == IN_FLIGHT.0 => metrics.in_flight.overflowed,
@@ -491,6 +505,7 @@ pub fn self_metrics(metrics: &Metrics, export: &ExportCounters) -> Vec<SelfMetri
     let families = Latency::ALL.map(Latency::name).into_iter().chain([
         CANCELLATIONS.0,
         SOCKET_WAIT.0,
+        SOCKET_WAIT_DURATION.0,
         STALL_TIME.0,
         STALL_DURATION.0,
         IN_FLIGHT.0,
@@ -802,8 +817,11 @@ pub(crate) mod tests {
             .map(|((_, c), h)| (*c, h.count, h.sum))
             .collect();
         assert_eq!(durations, vec![("off_cpu", 2, 0.3)]);
-        let wait = m.socket_wait.series.get(&route).copied();
-        assert!(wait.is_some_and(|w| (w - 0.004).abs() < 1e-12), "{wait:?}");
+        let wait = m.socket_wait.series.get(&route).map(|h| (h.count, h.sum));
+        assert!(
+            wait.is_some_and(|(n, w)| n == 2 && (w - 0.004).abs() < 1e-12),
+            "{wait:?}"
+        );
     }
 
     #[test]

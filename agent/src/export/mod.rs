@@ -54,15 +54,18 @@ use tokio::task::JoinHandle;
 pub use crate::model::trace_context::{IdGenerator, RemoteParent};
 pub use clock::WallClock;
 pub use error::ExportError;
-pub use metrics::AgentCounters;
+pub use metrics::{
+    AgentCounters, ExportCounters, Histogram, Latency, Metrics, SeriesKey, TTFT_BOUNDS,
+};
 pub use otlp::OtlpProtocol;
 pub use route::normalise as normalise_route;
 pub use sampling::{Sampling, SamplingConfig};
+pub use series::RouteKey;
 pub use settings::{resolve, ExportArgs, ExportConfig, ExportSettings};
 pub use spans::{timeline_spans, SpanSettings};
+pub use stalls::{causes as stall_causes, StallCause};
 
 use encode::TraceItem;
-use metrics::{ExportCounters, Metrics};
 use otlp::OtlpClient;
 use queue::{QueueReceiver, QueueSender};
 use reachability::Reachability;
@@ -215,8 +218,10 @@ impl Exporter {
     /// Starts the export tasks on the current runtime. Fails when the
     /// Prometheus address cannot be bound or an endpoint is malformed;
     /// a backend that is down is not an error (spans wait, then drop).
-    pub async fn start(settings: ExportSettings) -> Result<Self, ExportError> {
-        if settings.is_disabled() {
+    /// With `aggregate`, the metrics are kept even when nothing exports
+    /// them: the live view (`tokentrace top`) reads them ([`Self::shared`]).
+    pub async fn start(settings: ExportSettings, aggregate: bool) -> Result<Self, ExportError> {
+        if settings.is_disabled() && !aggregate {
             return Ok(Self::disabled());
         }
         let shared = Arc::new(Shared {
@@ -283,7 +288,9 @@ impl Exporter {
             None => None,
         };
 
-        tracing::info!("exporting to {}", targets.join(", "));
+        if !targets.is_empty() {
+            tracing::info!("exporting to {}", targets.join(", "));
+        }
         Ok(Self {
             active: Some(Active {
                 shared,
@@ -340,6 +347,12 @@ impl Exporter {
         }
         let resource = Arc::clone(&process.resource);
         stats.enqueue(&pipe.tx, TraceItem { resource, spans });
+    }
+
+    /// The metric aggregation and export counters, for the live view;
+    /// `None` when the exporter neither exports nor aggregates.
+    pub fn shared(&self) -> Option<Arc<Shared>> {
+        self.active.as_ref().map(|a| Arc::clone(&a.shared))
     }
 
     /// The service a process's telemetry goes under (`service.name` of
@@ -442,6 +455,9 @@ impl Exporter {
         }
         if let Some(task) = active.prometheus_task {
             task.abort();
+        }
+        if active.targets.is_empty() {
+            return None; // aggregated for the live view only
         }
         let (_, counters) = active.shared.snapshot();
         Some(ExportSummary {

@@ -26,7 +26,7 @@ use tokio::net::TcpListener;
 use super::health;
 use super::metrics::{
     self_metrics, ExportCounters, Histogram, Kind, Metrics, CANCELLATIONS, IN_FLIGHT, SOCKET_WAIT,
-    STALL_DURATION, STALL_TIME,
+    SOCKET_WAIT_DURATION, STALL_DURATION, STALL_TIME,
 };
 use super::series::RouteKey;
 use super::Shared;
@@ -167,7 +167,7 @@ pub fn render(metrics: &Metrics, export: &ExportCounters) -> String {
             .socket_wait
             .series
             .iter()
-            .map(|(key, s)| (route_labels(key, Vec::new()), s.to_string())),
+            .map(|(key, h)| (route_labels(key, Vec::new()), h.sum.to_string())),
     );
     family(
         &mut out,
@@ -190,6 +190,13 @@ pub fn render(metrics: &Metrics, export: &ExportCounters) -> String {
             (route_labels(key, phase), n.to_string())
         }),
     );
+    if !metrics.socket_wait.is_empty() {
+        let name = format!("{}_seconds", prom_name(SOCKET_WAIT_DURATION.0));
+        header(&mut out, &name, SOCKET_WAIT_DURATION.1, "histogram");
+        for (key, h) in &metrics.socket_wait.series {
+            histogram(&mut out, &name, &route_labels(key, Vec::new()), h);
+        }
+    }
     if !metrics.stall_duration.is_empty() {
         let name = format!("{}_seconds", prom_name(STALL_DURATION.0));
         header(&mut out, &name, STALL_DURATION.1, "histogram");

@@ -23,7 +23,8 @@ use deliver::{deliver, Delivery};
 
 use crate::event::Event;
 use crate::probes::{
-    AttachFailures, FileLinks, KernelCounters, ProbeCommand, ProbeSet, ProbeSettings, TracedPids,
+    AttachFailures, AttachedProbes, FileLinks, KernelCounters, ProbeCommand, ProbeSet,
+    ProbeSettings, TracedPids,
 };
 
 /// Counters of the userspace half of ingestion.
@@ -46,6 +47,8 @@ pub struct Ingest {
     pub stats: Arc<IngestStats>,
     /// Uprobes the traced processes need that could not be attached.
     pub attach_failures: Arc<AttachFailures>,
+    /// Programs and uprobe links in place now.
+    pub attached: Arc<AttachedProbes>,
     commands: std_mpsc::Sender<ProbeCommand>,
     wake: wakeup::Notifier,
     stop: Arc<AtomicBool>,
@@ -81,7 +84,7 @@ impl Ingest {
                 }
             })
             .context("spawning the ingest thread")?;
-        let (traced_pids, kernel_counters, wake, attach_failures) = ready_rx
+        let (traced_pids, kernel_counters, wake, attach_failures, attached) = ready_rx
             .recv()
             .map_err(|_| anyhow!("the ingest thread ended before the probes were attached"))??;
         Ok(Self {
@@ -89,6 +92,7 @@ impl Ingest {
             kernel_counters,
             stats,
             attach_failures,
+            attached,
             commands,
             wake,
             stop,
@@ -148,6 +152,7 @@ type Ready = Result<(
     KernelCounters,
     wakeup::Notifier,
     Arc<AttachFailures>,
+    Arc<AttachedProbes>,
 )>;
 
 /// The ingest thread's ends of its channels.
@@ -194,7 +199,13 @@ fn run_thread(
     let (ring, wakeup) = match (handles, ring, waiting) {
         (Ok((pids, counters)), Ok(ring), Some(Ok((wakeup, notifier)))) => {
             if ready
-                .send(Ok((pids, counters, notifier, probes.failures())))
+                .send(Ok((
+                    pids,
+                    counters,
+                    notifier,
+                    probes.failures(),
+                    probes.attached(),
+                )))
                 .is_err()
             {
                 return;

@@ -233,8 +233,13 @@ pub struct AttachFailures {
 #[derive(Debug, Default)]
 struct Inner {
     new: Vec<AttachFailure>,
+    /// The last [`RECENT_LINES`] failures' lines, oldest first.
+    recent: std::collections::VecDeque<String>,
     counts: [[u64; FailureReason::ALL.len()]; ProbeKind::ALL.len()],
 }
+
+/// Failure lines kept for the live view.
+const RECENT_LINES: usize = 8;
 
 /// Counts of failures by [`ProbeKind::ALL`] × [`FailureReason::ALL`].
 pub type FailureCounts = [[u64; FailureReason::ALL.len()]; ProbeKind::ALL.len()];
@@ -255,6 +260,10 @@ impl AttachFailures {
         if let (Some(k), Some(r)) = (kind, reason) {
             inner.counts[k][r] += 1;
         }
+        if inner.recent.len() == RECENT_LINES {
+            inner.recent.pop_front();
+        }
+        inner.recent.push_back(failure.line());
         inner.new.push(failure);
     }
 
@@ -269,6 +278,14 @@ impl AttachFailures {
         new.into_iter()
             .filter(AttachFailure::blocks_readiness)
             .collect()
+    }
+
+    /// The last few failures' lines, oldest first.
+    pub fn recent_lines(&self) -> Vec<String> {
+        self.inner
+            .lock()
+            .map(|inner| inner.recent.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn counts(&self) -> FailureCounts {

@@ -2,6 +2,7 @@
 //! that talks to libbpf. [`ProbeSet`] is what a run owns.
 
 mod attach;
+mod attached;
 mod failures;
 mod host;
 mod infer;
@@ -10,6 +11,7 @@ mod sock;
 mod uprobe_mode;
 mod verifier;
 
+pub use attached::AttachedProbes;
 pub use failures::{whom, AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};
 pub use host::{
     ensure_tracefs, has_capability, load_failure, route_libbpf_logs, TracefsState, CAP_BPF,

@@ -12,8 +12,8 @@ use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
 
 use super::attach::Attached;
 use super::{
-    AttachFailure, AttachFailures, InferProbes, KernelCounters, ProbeKind, ProbeSettings,
-    SockProbes, TracedPids, UprobeMode,
+    AttachFailure, AttachFailures, AttachedProbes, InferProbes, KernelCounters, ProbeKind,
+    ProbeSettings, SockProbes, TracedPids, UprobeMode,
 };
 
 /// Probe changes for the thread that holds the [`ProbeSet`], carried out
@@ -36,6 +36,7 @@ pub struct ProbeSet {
     infer: Result<InferProbes>,
     uprobe_mode: UprobeMode,
     failures: Arc<AttachFailures>,
+    attached: Arc<AttachedProbes>,
 }
 
 /// Uprobe links attached for files, by (pid, file): pid None for links of
@@ -59,17 +60,26 @@ impl ProbeSet {
         if let Err(err) = &infer {
             tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");
         }
+        let attached = Arc::new(AttachedProbes::default());
+        // the inference probes attach one program (sched_switch) at load
+        attached.set_kernel(sock.attached_programs() + usize::from(infer.is_ok()));
         Ok(Self {
             sock,
             infer,
             uprobe_mode: settings.uprobe_mode,
             failures: Arc::default(),
+            attached,
         })
     }
 
     /// The attach failures of this run, shared with the run loop.
     pub fn failures(&self) -> Arc<AttachFailures> {
         Arc::clone(&self.failures)
+    }
+
+    /// What is attached now, shared with the run loop.
+    pub fn attached(&self) -> Arc<AttachedProbes> {
+        Arc::clone(&self.attached)
     }
 
     /// A consumer of the events ring buffer (both probe sets write it),
@@ -205,6 +215,8 @@ impl ProbeSet {
                         }
                     }
                 }
+                self.attached
+                    .set_uprobe_links(file_links.0.values().map(Vec::len).sum());
                 if attached > 0 {
                     let elapsed = started.elapsed();
                     tracing::info!(

@@ -110,6 +110,11 @@ impl SockProbes {
         Ok(Self { skel, links })
     }
 
+    /// Kernel programs attached at load.
+    pub fn attached_programs(&self) -> usize {
+        self.links.len()
+    }
+
     /// A ring buffer consumer calling `callback` with each raw record.
     pub fn ring_buffer<'a, F>(&'a self, callback: F) -> Result<RingBuffer<'a>>
     where

@@ -28,6 +28,7 @@ use crate::discover::libraries::{ProbedFiles, UprobeScope};
 use crate::discover::{EndpointMatcher, Selector, Tracker};
 use crate::event::Event;
 use crate::ingest::Ingest;
+use crate::live::LiveFeed;
 use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
@@ -93,6 +94,10 @@ pub struct RunHooks {
     pub quiet: bool,
     /// Told once the probes are attached.
     pub ready: Option<tokio::sync::oneshot::Sender<()>>,
+    /// Handed the live view's feed once the probes are attached (`top`).
+    pub live: Option<std::sync::mpsc::Sender<LiveFeed>>,
+    /// Ends the run like a signal would (`top`'s `q`).
+    pub stop: Option<tokio::sync::oneshot::Receiver<()>>,
 }
 
 pub async fn run(args: RunArgs) -> Result<RunSummary> {
@@ -242,6 +247,9 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     if let Some(ready) = hooks.ready.take() {
         let _ = ready.send(());
     }
+    if let (Some(to), Some(feed)) = (hooks.live.take(), &outputs.live) {
+        let _ = to.send(feed.clone());
+    }
 
     let mut stages = Stages {
         pipeline: Pipeline::new(
@@ -262,11 +270,19 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
         finished: Vec::new(),
         sessions: outputs.sessions,
         triggers: outputs.triggers,
+        live: outputs.live,
         quiet: hooks.quiet,
         allow_degraded,
     };
     let idle_ns = nanos(config.stitch.idle_timeout);
-    let stop = event_loop(&mut stages, &mut events_rx, args.duration, idle_ns).await?;
+    let stop = event_loop(
+        &mut stages,
+        &mut events_rx,
+        args.duration,
+        hooks.stop.take(),
+        idle_ns,
+    )
+    .await?;
     if matches!(stop, Stop::Duration | Stop::Signal) {
         drain(&mut stages, &mut events_rx).await;
     }
@@ -298,6 +314,7 @@ async fn event_loop(
     stages: &mut Stages<'_>,
     events_rx: &mut mpsc::Receiver<Vec<Event>>,
     duration: Option<Duration>,
+    mut stop_rx: Option<tokio::sync::oneshot::Receiver<()>>,
     idle_ns: u64,
 ) -> Result<Stop> {
     let mut sweep = tokio::time::interval(SWEEP_INTERVAL);
@@ -316,6 +333,15 @@ async fn event_loop(
                 None => std::future::pending().await,
             }
         };
+        let asked_to_stop = async {
+            match &mut stop_rx {
+                // a dropped sender asks too: whoever could ask is gone
+                Some(rx) => {
+                    let _ = rx.await;
+                }
+                None => std::future::pending().await,
+            }
+        };
         let stop = tokio::select! {
             batch = events_rx.recv() => match batch {
                 Some(batch) => stages.on_batch(&batch),
@@ -325,6 +351,7 @@ async fn event_loop(
             _ = until_deadline => Some(Stop::Duration),
             _ = interrupt.recv() => Some(Stop::Signal),
             _ = terminate.recv() => Some(Stop::Signal),
+            () = asked_to_stop => Some(Stop::Signal),
         };
         if let Some(stop) = stop {
             return Ok(stop);

@@ -9,6 +9,7 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::export::Exporter;
 use crate::k8s::PodScope;
+use crate::live::LiveFeed;
 use crate::session::control::{self, ControlServer};
 use crate::session::SessionHub;
 use crate::trigger::Triggers;
@@ -22,6 +23,8 @@ pub(super) struct Outputs {
     pub(super) scope: Option<PodScope>,
     pub(super) sessions: Option<SessionHub>,
     pub(super) triggers: Option<Triggers>,
+    /// What `top` reads (in-process, or through the control endpoint).
+    pub(super) live: Option<LiveFeed>,
     /// Serves `sessions` until the run ends (dropped with it).
     _control: Option<ControlServer>,
 }
@@ -34,15 +37,19 @@ impl Outputs {
     ) -> Result<Self> {
         let export =
             crate::export::resolve(&config.export, &args.export, &|k| std::env::var(k).ok())?;
-        let mut exporter = Exporter::start(export).await?;
+        // The live view reads the metric aggregation: `top` in-process, or
+        // `top --remote` through the control endpoint.
+        let aggregate = hooks.live.is_some() || !args.control.no_control;
+        let mut exporter = Exporter::start(export, aggregate).await?;
         // Pod metadata and scope: silently off outside a cluster.
         let kubernetes = crate::k8s::start(&config.kubernetes, &args.k8s).await?;
         if let Some(metadata) = &kubernetes.metadata {
             exporter.set_kubernetes(metadata.clone());
         }
+        let live = exporter.shared().map(LiveFeed::new);
         let (sessions, control) = match hooks.sessions.take() {
             Some(hub) => (Some(hub), None),
-            None => control::for_run(&args.control, config).await?,
+            None => control::for_run(&args.control, config, live.clone()).await?,
         };
         // Triggers record through a hub even where no control endpoint runs.
         let sessions = sessions.or_else(|| {
@@ -57,6 +64,7 @@ impl Outputs {
             scope: kubernetes.scope,
             sessions,
             triggers,
+            live,
             _control: control,
         })
     }

@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 
 use crate::event::{Event, MonoNs};
 use crate::export::{AgentCounters, Exporter};
+use crate::live::{agent_status, LiveFeed};
 use crate::model::RequestTimeline;
 use crate::output::{OutputFormat, RunSummary};
 use crate::pipeline::Pipeline;
@@ -56,6 +57,8 @@ pub(super) struct Stages<'a> {
     pub(super) sessions: Option<SessionHub>,
     /// SLO triggers starting sessions by themselves.
     pub(super) triggers: Option<Triggers>,
+    /// The live view's slowest requests and agent line.
+    pub(super) live: Option<LiveFeed>,
     /// Timelines are not printed (`record` shows progress instead).
     pub(super) quiet: bool,
     /// Probes that fail to attach after start leave readiness alone.
@@ -85,12 +88,16 @@ impl Stages<'_> {
         }
         for timeline in std::mem::take(&mut self.finished) {
             let served = timeline.kind == crate::model::SpanKind::Server;
-            if served {
-                self.summary.record(&timeline);
-            }
             self.exporter.record(&timeline);
             if served {
-                self.judge(&timeline);
+                self.summary.record(&timeline);
+                if self.live.is_some() || self.triggers.is_some() {
+                    let service = self.exporter.service_of(timeline.conn.pid, &timeline.comm);
+                    if let Some(live) = &self.live {
+                        live.record(&service, &timeline);
+                    }
+                    self.judge(&service, &timeline);
+                }
             }
             if !self.quiet && self.printer.print(&timeline).is_err() {
                 return Some(Stop::OutputClosed);
@@ -107,13 +114,12 @@ impl Stages<'_> {
 
     /// Hands a reported timeline to the triggers; a firing is logged and
     /// exported.
-    fn judge(&mut self, timeline: &RequestTimeline) {
+    fn judge(&mut self, service: &str, timeline: &RequestTimeline) {
         let Some(triggers) = &mut self.triggers else {
             return;
         };
-        let service = self.exporter.service_of(timeline.conn.pid, &timeline.comm);
         let route = crate::export::normalise_route(&timeline.path);
-        for firing in triggers.observe(&service, &route, timeline) {
+        for firing in triggers.observe(service, &route, timeline) {
             let ring_mib = triggers.history_bytes() as f64 / f64::from(1u32 << 20);
             match (&firing.session, &firing.error) {
                 (Some(id), _) => tracing::warn!(
@@ -171,7 +177,16 @@ impl Stages<'_> {
         if !self.allow_degraded && !failed.is_empty() {
             self.exporter.set_unready();
         }
-        self.exporter.observe_agent(self.agent_counters());
+        let counters = self.agent_counters();
+        if let Some(live) = &self.live {
+            let ingest = self.probed.ingest;
+            live.set_agent(agent_status(
+                &counters,
+                &ingest.attached,
+                &ingest.attach_failures,
+            ));
+        }
+        self.exporter.observe_agent(counters);
         let open = self.pipeline.open_requests();
         self.exporter.observe_in_flight(&open);
     }

@@ -8,7 +8,10 @@
 //! - `POST /v1/sessions/{id}/stop` (or `DELETE /v1/sessions/{id}`) ends
 //!   one early; it still renders its artifacts;
 //! - `GET /v1/sessions/{id}/artifacts/{name}` downloads a finished one's
-//!   artifact (only the names in [`super::ARTIFACTS`]).
+//!   artifact (only the names in [`super::ARTIFACTS`]);
+//! - `GET /v1/top?window=30s` answers the live view's snapshot
+//!   ([`crate::live::TopSnapshot`]: cumulative totals, the slowest
+//!   requests of the window, the agent's line) for `tokentrace top --remote`.
 //!
 //! Bound to localhost by default, and every request needs `Authorization:
 //! Bearer <token>`: the token of `--control-token-file`, or one the agent
@@ -36,6 +39,7 @@ use tokio::net::TcpListener;
 use super::hub::{HubSettings, SessionHub, SessionRequest};
 use super::{artifact_path, content_type, token};
 use crate::config::Config;
+use crate::live::LiveFeed;
 
 /// Where the endpoint listens unless told otherwise.
 pub const DEFAULT_ADDR: &str = "127.0.0.1:9465";
@@ -46,6 +50,8 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// Largest request head (request line and headers) hyper buffers.
 const MAX_HEAD_BYTES: usize = 16 * 1024;
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// The live view's window when `GET /v1/top` names none.
+const DEFAULT_TOP_WINDOW: Duration = Duration::from_secs(30);
 
 /// Control endpoint flags of `tokentrace run`.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -100,7 +106,11 @@ impl Drop for ControlServer {
 /// Starts the endpoint as `args` say. An explicit `--control-addr` that
 /// cannot be bound is an error; the default address being taken (another
 /// agent on this host) is only a warning.
-pub async fn start(args: &ControlArgs, hub: SessionHub) -> Result<Option<ControlServer>> {
+pub async fn start(
+    args: &ControlArgs,
+    hub: SessionHub,
+    live: Option<LiveFeed>,
+) -> Result<Option<ControlServer>> {
     if args.no_control {
         return Ok(None);
     }
@@ -162,7 +172,7 @@ pub async fn start(args: &ControlArgs, hub: SessionHub) -> Result<Option<Control
         }
     };
     eprintln!("tokentrace: control endpoint at http://{addr}");
-    let state = Arc::new(State { hub, token });
+    let state = Arc::new(State { hub, token, live });
     let task = tokio::spawn(serve(listener, state));
     Ok(Some(ControlServer { addr, task }))
 }
@@ -184,12 +194,13 @@ pub fn hub_settings(args: &ControlArgs, config: &Config) -> HubSettings {
 pub async fn for_run(
     args: &ControlArgs,
     config: &Config,
+    live: Option<LiveFeed>,
 ) -> Result<(Option<SessionHub>, Option<ControlServer>)> {
     if args.no_control {
         return Ok((None, None));
     }
     let hub = SessionHub::new(hub_settings(args, config));
-    Ok(match start(args, hub.clone()).await? {
+    Ok(match start(args, hub.clone(), live).await? {
         Some(server) => (Some(hub), Some(server)),
         None => (None, None),
     })
@@ -198,6 +209,7 @@ pub async fn for_run(
 struct State {
     hub: SessionHub,
     token: String,
+    live: Option<LiveFeed>,
 }
 
 /// Compares in time independent of where the strings differ.
@@ -365,12 +377,14 @@ async fn handle(req: Request<Incoming>, state: &State) -> Reply {
             }
         }
         (Method::GET, ["v1", "sessions", id, "artifacts", name]) => artifact(hub, id, name).await,
+        (Method::GET, ["v1", "top"]) => top(&req, state.live.as_ref()),
         (Method::GET, [] | ["v1"]) => json(
             StatusCode::OK,
             &serde_json::json!({
                 "service": "tokentrace session control",
                 "version": env!("CARGO_PKG_VERSION"),
                 "sessions": "/v1/sessions",
+                "top": "/v1/top",
             }),
         ),
         _ => error(
@@ -378,6 +392,37 @@ async fn handle(req: Request<Incoming>, state: &State) -> Reply {
             "not found (the API is under /v1/sessions)",
         ),
     }
+}
+
+/// The live view's snapshot; `?window=` (humantime, at most
+/// [`crate::live::MAX_WINDOW`]) bounds the slowest requests' age.
+fn top(req: &Request<Incoming>, live: Option<&LiveFeed>) -> Reply {
+    let Some(live) = live else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "this agent keeps no live view",
+        );
+    };
+    let asked = req
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("window="));
+    let window = match asked.map(humantime::parse_duration) {
+        None => DEFAULT_TOP_WINDOW,
+        Some(Ok(w)) if w > Duration::ZERO && w <= crate::live::MAX_WINDOW => w,
+        Some(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!(
+                    "window must be a duration like 30s, at most {}",
+                    humantime::format_duration(crate::live::MAX_WINDOW)
+                ),
+            )
+        }
+    };
+    json(StatusCode::OK, &live.snapshot(crate::units::nanos(window)))
 }
 
 async fn serve(listener: TcpListener, state: Arc<State>) {
@@ -460,7 +505,7 @@ mod tests {
             session_dir: Some(sessions.clone()),
             ..ControlArgs::default()
         };
-        let server = start(&args, hub.clone())
+        let server = start(&args, hub.clone(), None)
             .await
             .expect("start")
             .expect("serving");
@@ -572,7 +617,7 @@ mod tests {
             session_dir: Some(dir.clone()),
             ..ControlArgs::default()
         };
-        let err = start(&args, hub(&dir)).await.expect_err("refused");
+        let err = start(&args, hub(&dir), None).await.expect_err("refused");
         assert!(err.to_string().contains("--control-token-file"), "{err:#}");
         let _ = std::fs::remove_dir_all(&dir);
     }

@@ -147,6 +147,13 @@ impl RemoteClient {
         Ok(())
     }
 
+    /// The agent's live view snapshot (`tokentrace top --remote`).
+    pub async fn top(&self, window: Duration) -> Result<crate::live::TopSnapshot> {
+        let path = format!("/v1/top?window={}ms", window.as_millis());
+        self.call_json(Method::GET, &path, None, StatusCode::OK)
+            .await
+    }
+
     pub async fn download(&self, id: &str, name: &str) -> Result<Bytes> {
         let path = format!("/v1/sessions/{id}/artifacts/{name}");
         let (status, bytes) = self.call(Method::GET, &path, None).await?;
@@ -251,7 +258,7 @@ mod tests {
             control_token_file: Some(token_file),
             ..ControlArgs::default()
         };
-        let server = control::start(&args, hub.clone())
+        let server = control::start(&args, hub.clone(), None)
             .await
             .expect("start")
             .expect("serving");

@@ -98,3 +98,30 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 }
+
+/// The token a client of the control endpoint (`record --remote`, `top
+/// --remote`) presents: `token_file`'s content, else
+/// `TOKENTRACE_CONTROL_TOKEN`, else the local agent's generated one.
+pub fn client_token(token_file: Option<&Path>) -> Result<Option<String>> {
+    if let Some(path) = token_file {
+        let token = std::fs::read_to_string(path)
+            .with_context(|| format!("--token-file {}", path.display()))?;
+        return Ok(Some(token.trim().to_string()));
+    }
+    if let Some(token) = std::env::var("TOKENTRACE_CONTROL_TOKEN")
+        .ok()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty())
+    {
+        return Ok(Some(token));
+    }
+    // The agent on this host keeps its generated token root-only.
+    let local = default_token_path();
+    match read_token(&local) {
+        Ok(token) => Ok(Some(token)),
+        Err(err) if local.exists() => Err(err.context(
+            "the local agent's control token is root-only: run as root, or pass --token-file",
+        )),
+        Err(_) => Ok(None),
+    }
+}
