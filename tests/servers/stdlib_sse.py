@@ -17,7 +17,9 @@ behave. Headers go out in one write.
 Endpoints (same as tests/servers/fastapi_app.py):
   POST /v1/chat/completions  body {"model","messages","stream","max_tokens",
                              "token_delay_ms" (20), "ttft_ms" (50),
-                             "crash_after" (optional)}
+                             "crash_after" (optional),
+                             "stall_at", "stall_ms" (optional: the gap
+                             before chunk stall_at is stall_ms instead)}
        stream=true:  N chat.completion.chunk events + 1 usage event
                      (choices: []) + data: [DONE]   -> N+1 chunks
        stream=false: one chat.completion JSON with Content-Length
@@ -178,6 +180,14 @@ class Handler(BaseHTTPRequestHandler):
 
             def delay(_i):
                 return 0.020
+
+        if "stall_ms" in body:
+            stall_at, stall = int(body.get("stall_at", 1)), float(body["stall_ms"]) / 1000.0
+            steady = delay
+
+            def delay(i):
+                # delay(i) is the sleep before chunk i
+                return stall if i == stall_at else steady(i)
 
         return n, ttft, delay, crash
 

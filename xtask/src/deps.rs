@@ -60,8 +60,16 @@ const K8S_TOOLS_SCRIPT: &str = include_str!("k8s_tools.py");
 /// client there (its built-in `http2` module); stress-ng keeps a core busy
 /// for `cargo xtask test --stress`; prometheus scrapes the agent and
 /// evaluates the Grafana dashboard's queries (tests/prometheus_dashboard.rs;
-/// about 11 s to install here).
-const TEST_APT_PACKAGES: &[&str] = &["chromium", "nginx", "stress-ng", "nodejs", "prometheus"];
+/// about 11 s to install here); tmux is the terminal `tokentrace top`
+/// runs in for tests/ebpf_top.rs (its screen read by capture-pane).
+const TEST_APT_PACKAGES: &[&str] = &[
+    "chromium",
+    "nginx",
+    "stress-ng",
+    "nodejs",
+    "prometheus",
+    "tmux",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Scope {

@@ -230,7 +230,12 @@ pub(crate) mod tests {
     fn a_stalled_gap_is_the_worst_gap_with_its_cause() {
         let mut t = timeline(5_000, 20);
         let gaps: Vec<u64> = t.chunk_ts.windows(2).map(|w| w[1] - w[0]).collect();
-        let chunk = 1 + gaps.iter().enumerate().max_by_key(|(_, g)| **g).unwrap().0;
+        let chunk = 1 + gaps
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, g)| **g)
+            .expect("gaps")
+            .0;
         t.stalls = vec![Stall {
             chunk,
             start_ms: 10.0,

@@ -73,32 +73,6 @@ pub fn write_private(dir: &Path, token: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tokens_are_random_hex_and_stored_owner_only() {
-        let (a, b) = (generate().expect("a"), generate().expect("b"));
-        assert_eq!(a.len(), 64);
-        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
-        assert_ne!(a, b);
-        let dir = std::env::temp_dir().join(format!("tt-token-dir-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        let path = write_private(&dir, &a).expect("write");
-        let mode = |p: &Path| fs::metadata(p).map(|m| m.permissions().mode() & 0o777).ok();
-        assert_eq!(mode(&path), Some(0o600));
-        assert_eq!(mode(&dir), Some(0o700));
-        assert_eq!(read_token(&path).expect("read"), a);
-        // a restart replaces it
-        write_private(&dir, &b).expect("rewrite");
-        assert_eq!(read_token(&path).expect("read"), b);
-        fs::write(&path, "\n").expect("blank");
-        assert!(read_token(&path).is_err());
-        let _ = fs::remove_dir_all(&dir);
-    }
-}
-
 /// The token a client of the control endpoint (`record --remote`, `top
 /// --remote`) presents: `token_file`'s content, else
 /// `TOKENTRACE_CONTROL_TOKEN`, else the local agent's generated one.
@@ -123,5 +97,31 @@ pub fn client_token(token_file: Option<&Path>) -> Result<Option<String>> {
             "the local agent's control token is root-only: run as root, or pass --token-file",
         )),
         Err(_) => Ok(None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_are_random_hex_and_stored_owner_only() {
+        let (a, b) = (generate().expect("a"), generate().expect("b"));
+        assert_eq!(a.len(), 64);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+        let dir = std::env::temp_dir().join(format!("tt-token-dir-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let path = write_private(&dir, &a).expect("write");
+        let mode = |p: &Path| fs::metadata(p).map(|m| m.permissions().mode() & 0o777).ok();
+        assert_eq!(mode(&path), Some(0o600));
+        assert_eq!(mode(&dir), Some(0o700));
+        assert_eq!(read_token(&path).expect("read"), a);
+        // a restart replaces it
+        write_private(&dir, &b).expect("rewrite");
+        assert_eq!(read_token(&path).expect("read"), b);
+        fs::write(&path, "\n").expect("blank");
+        assert!(read_token(&path).is_err());
+        let _ = fs::remove_dir_all(&dir);
     }
 }

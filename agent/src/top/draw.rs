@@ -20,17 +20,18 @@ pub fn frame(f: &mut Frame<'_>, view: &View, source: &str) {
         super::waterfall::draw(f, request, view.latest().map_or(0, |s| s.at_ns));
         return;
     }
-    let slow_rows = view.slowest().len().max(1) as u16;
+    let window = view.window();
+    let route_rows = window.as_ref().map_or(0, |w| w.rows.len()).max(1) as u16;
     let [title, routes, slowest, agent, status, keys] = Layout::vertical([
         Constraint::Length(1),
+        // the routes fit (up to half the screen), the slowest take the rest
+        Constraint::Max(route_rows + 3),
         Constraint::Min(4),
-        Constraint::Length(slow_rows + 3),
         Constraint::Length(2),
         Constraint::Length(1),
         Constraint::Length(1),
     ])
     .areas(f.area());
-    let window = view.window();
     let covered = window.as_ref().map_or(0.0, |w| w.seconds);
     let sort = format!(
         "{} {}",
@@ -114,7 +115,7 @@ const SLOW_COLUMNS: &[(&str, u16, bool)] = &[
     ("GAP", 7, true),
     ("GAP CAUSE", 22, false),
     ("CHUNKS", 6, true),
-    ("ROUTE", 24, false),
+    ("ROUTE", 34, false),
     ("ID", 16, false),
     ("AGO", 5, true),
 ];

@@ -28,13 +28,15 @@ pub fn bytes(n: u64) -> String {
     }
 }
 
-/// Each cause's share, largest first: `off_cpu 80% socket 20%`.
+/// Each cause's share, largest first: `off_cpu 80% socket 20%` (shares
+/// that round to 0% left out).
 pub fn shares(shares: &[(String, f64)]) -> String {
-    if shares.is_empty() {
+    let shown: Vec<&(String, f64)> = shares.iter().filter(|(_, s)| *s >= 0.005).collect();
+    if shown.is_empty() {
         return "-".to_string();
     }
-    shares
-        .iter()
+    shown
+        .into_iter()
         .map(|(cause, share)| format!("{cause} {:.0}%", share * 100.0))
         .collect::<Vec<_>>()
         .join(" ")
@@ -58,7 +60,11 @@ mod tests {
         assert_eq!(rate(12_345.0), "12.3k");
         assert_eq!(rate(3.26), "3.3");
         assert_eq!(
-            shares(&[("off_cpu".into(), 0.8), ("socket".into(), 0.2)]),
+            shares(&[
+                ("off_cpu".into(), 0.8),
+                ("socket".into(), 0.2),
+                ("unexplained".into(), 0.001)
+            ]),
             "off_cpu 80% socket 20%"
         );
     }

@@ -54,7 +54,7 @@ pub fn top(args: TopArgs, runtime: tokio::runtime::Runtime) -> Result<()> {
             let client = RemoteClient::new(url, token::client_token(args.token_file.as_deref())?)?;
             let source = Source::Remote {
                 url: url.clone(),
-                client,
+                client: Box::new(client),
                 runtime,
             };
             show(source, args.window, None, None, &AtomicBool::new(false))

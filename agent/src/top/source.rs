@@ -18,7 +18,7 @@ pub enum Source {
     },
     Remote {
         url: String,
-        client: RemoteClient,
+        client: Box<RemoteClient>,
         runtime: tokio::runtime::Runtime,
     },
 }
