@@ -36,7 +36,7 @@ const SOCKET_WAIT_BOUNDS: &[f64] = &[
 const ROUTE: &str = "/v1/chat/completions";
 const STALL_MS: f64 = 400.0;
 
-/// A detached tmux session running one command in a 220×50 terminal.
+/// A detached tmux session running one command in a 180×40 terminal.
 struct Tmux {
     name: String,
 }
@@ -53,9 +53,9 @@ impl Tmux {
                 "-s",
                 name,
                 "-x",
-                "220",
+                "180",
                 "-y",
-                "50",
+                "40",
                 command,
             ])
             .status()
@@ -394,7 +394,7 @@ fn root_top_local_quits_on_q_and_leaves_no_probe_attached() {
     let tmux = Tmux::start(
         "tt-top-local",
         &format!(
-            "{} top --port {} 2>{}; echo $? > {}",
+            "{} top --port {} 2>{}; echo $? > {}; sleep 60",
             agent_bin().display(),
             server.port,
             stderr_file.display(),

@@ -43,7 +43,10 @@
 //! Hops (`hops.rs`): the agent's CPU per request through nginx with the
 //! engine traced, and with the gateway's upstream calls traced and joined.
 //!
-//! `--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel` runs those sections (a
+//! Top (`top.rs`): the CPU of `tokentrace top --remote` beside the agent's
+//! at thousands of requests/s.
+//!
+//! `--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel|top` runs those sections (a
 //! comma list: `--only sse,kernel`); `--agent PATH` benches that agent
 //! binary instead of building this tree's. Results go to target/bench/.
 
@@ -66,13 +69,14 @@ mod hops;
 mod kernel;
 mod replay;
 mod tls;
+mod top;
 mod untraced;
 mod vllm;
 
 const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
-                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel[,...]] [--agent PATH] \
+                     [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel|top[,...]] [--agent PATH] \
                      | cargo xtask bench replay [...]";
 
 #[derive(Clone)]
@@ -92,6 +96,7 @@ struct Options {
     hops: bool,
     vllm: bool,
     kernel: bool,
+    top: bool,
 }
 
 fn parse(args: &[String]) -> Result<Options> {
@@ -109,6 +114,7 @@ fn parse(args: &[String]) -> Result<Options> {
         hops: true,
         vllm: true,
         kernel: true,
+        top: true,
     };
     for (flag, value) in flag_values(args)? {
         match flag {
@@ -119,8 +125,8 @@ fn parse(args: &[String]) -> Result<Options> {
             "--agent" => opts.agent = Some(value.into()),
             "--only" => {
                 let only: Vec<&str> = value.split(',').map(str::trim).collect();
-                const SECTIONS: [&str; 8] = [
-                    "sse", "cuda", "tls", "untraced", "grpc", "hops", "vllm", "kernel",
+                const SECTIONS: [&str; 9] = [
+                    "sse", "cuda", "tls", "untraced", "grpc", "hops", "vllm", "kernel", "top",
                 ];
                 if let Some(bad) = only.iter().find(|s| !SECTIONS.contains(s)) {
                     bail!(
@@ -137,6 +143,7 @@ fn parse(args: &[String]) -> Result<Options> {
                 opts.hops = on("hops");
                 opts.vllm = on("vllm");
                 opts.kernel = on("kernel");
+                opts.top = on("top");
             }
             _ => bail!("{USAGE}"),
         }
@@ -293,6 +300,9 @@ pub fn run(args: &[String]) -> Result<()> {
     }
     if opts.kernel {
         kernel::run(&agent_bin, &opts, &mut report)?;
+    }
+    if opts.top {
+        top::run(&agent_bin, &opts, &mut report)?;
     }
     let dir = util::root().join("target/bench");
     std::fs::create_dir_all(&dir)?;

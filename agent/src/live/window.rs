@@ -50,10 +50,13 @@ pub fn window(base: Option<&TopSnapshot>, now: &TopSnapshot) -> Window {
         .map(|b| b.routes.iter().map(|r| (key(r), r)).collect())
         .unwrap_or_default();
     let empty = RouteTotals::default();
+    // series seen once stay at zero in the aggregation (a drained route
+    // reads 0 on a dashboard); a row with nothing in the window is noise
     let rows = now
         .routes
         .iter()
         .map(|r| row(before.get(&key(r)).copied().unwrap_or(&empty), r, seconds))
+        .filter(|r| r.requests > 0 || r.in_flight_first_token > 0 || r.in_flight_streaming > 0)
         .collect();
     Window { seconds, rows }
 }

@@ -32,7 +32,7 @@ const POOL: u64 = 4;
 /// /proc/PID/task/TID/schedstat, ns resolution: the stat file's 10 ms
 /// ticks are too coarse for a few hundred ms a round; the agent's threads
 /// live as long as it does).
-fn cpu_ns(pid: u32) -> Result<u64> {
+pub(super) fn cpu_ns(pid: u32) -> Result<u64> {
     let mut total = 0;
     for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
         let text = std::fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
