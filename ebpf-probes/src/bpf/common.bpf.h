@@ -131,6 +131,11 @@ static __always_inline bool direct_reads(void)
 	return bpf_ksym_exists(bpf_rdonly_cast);
 }
 
+/* One field of a kernel object behind `ptr`: a plain load where
+ * bpf_rdonly_cast exists, a BPF_CORE_READ (a helper call) before. */
+#define KREAD(type, ptr, field)                                                                    \
+	(direct_reads() ? bpf_core_cast(ptr, type)->field : BPF_CORE_READ((type *)(ptr), field))
+
 static __always_inline void fill_header(struct tt_event_header *hdr, __u32 kind)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();

@@ -241,8 +241,7 @@ static __always_inline __u64 byte_arrival(struct sock_state *st, __u32 seq)
  * reached the host (0 if unknown). copied_seq has already moved past them. */
 static __always_inline __u64 read_ingress(struct sock *sk, struct sock_state *st, __u32 ret, __u64 *newest)
 {
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
-	__u32 end = BPF_CORE_READ(tp, copied_seq);
+	__u32 end = KREAD(struct tcp_sock, sk, copied_seq);
 
 	*newest = byte_arrival(st, end - 1);
 	return byte_arrival(st, end - ret);
@@ -253,10 +252,9 @@ static __always_inline __u64 read_ingress(struct sock *sk, struct sock_state *st
 static __always_inline void note_ingress(struct sock_state *st, struct sock *sk, const struct sk_buff *skb,
 					 __u64 now)
 {
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
 	struct tcphdr th = {};
-	unsigned char *data = BPF_CORE_READ(skb, data);
-	__u32 skb_len = BPF_CORE_READ(skb, len);
+	unsigned char *data = (unsigned char *)KREAD(struct sk_buff, skb, data);
+	__u32 skb_len = KREAD(struct sk_buff, skb, len);
 
 	if (bpf_probe_read_kernel(&th, sizeof(th), data))
 		return;
@@ -265,8 +263,8 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 		return; /* a pure ACK */
 	__u32 seq = bpf_ntohl(th.seq);
 	__u32 end = seq + (skb_len - hdr_len);
-	__u32 rcv_nxt = BPF_CORE_READ(tp, rcv_nxt);
-	__u32 copied = BPF_CORE_READ(tp, copied_seq);
+	__u32 rcv_nxt = KREAD(struct tcp_sock, sk, rcv_nxt);
+	__u32 copied = KREAD(struct tcp_sock, sk, copied_seq);
 
 	if (!seq_before(rcv_nxt, end))
 		return; /* nothing new: a retransmission of bytes already queued */
@@ -332,10 +330,11 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, __u64 ts_enter,
 					struct tt_data_event *e)
 {
-	struct tcp_sock *tp = (struct tcp_sock *)sk;
-	__u32 write_seq = BPF_CORE_READ(tp, write_seq);
-	__u32 snd_nxt = BPF_CORE_READ(tp, snd_nxt);
-	__u8 nonagle = BPF_CORE_READ_BITFIELD_PROBED(tp, nonagle);
+	/* plain loads where possible: helper calls fewer on every traced write */
+	__u32 write_seq = KREAD(struct tcp_sock, sk, write_seq);
+	__u32 snd_nxt = KREAD(struct tcp_sock, sk, snd_nxt);
+	__u8 nonagle = direct_reads() ? BPF_CORE_READ_BITFIELD(bpf_core_cast(sk, struct tcp_sock), nonagle)
+				      : BPF_CORE_READ_BITFIELD_PROBED((struct tcp_sock *)sk, nonagle);
 	__u32 unsent = write_seq - snd_nxt;
 
 	/* TCP_NAGLE_OFF (1) is TCP_NODELAY; TCP_NAGLE_CORK (2) holds on purpose. */
@@ -382,7 +381,7 @@ static __always_inline void release_hold(struct sock_state *st, struct sock *sk,
 	 * copy is one writer's. */
 	struct send_hold h = *held;
 	bpf_map_delete_elem(&send_holds, &key);
-	__u32 snd_nxt = BPF_CORE_READ((struct tcp_sock *)sk, snd_nxt);
+	__u32 snd_nxt = KREAD(struct tcp_sock, sk, snd_nxt);
 	if (!seq_before(snd_nxt, h.end_seq))
 		return;
 	if (now - h.write_ts < hold_min_ns)
