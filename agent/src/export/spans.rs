@@ -88,10 +88,6 @@ pub fn operation_name(path: &str) -> Option<&'static str> {
 }
 
 /// Monotonic time of the first token (first SSE event, or first body byte).
-pub fn first_token(t: &RequestTimeline) -> Option<MonoNs> {
-    t.ttft_ns().map(|ttft| t.request_start.saturating_add(ttft))
-}
-
 /// `error.type` of a request: why it was aborted, or its 5xx status.
 pub fn error_type(t: &RequestTimeline) -> Option<String> {
     if t.aborted {
@@ -296,7 +292,7 @@ pub fn trace_spans(
             t.request_end,
         ));
     }
-    let first = first_token(t);
+    let first = t.first_token();
     let wait_end = first.unwrap_or(t.end);
     if wait_end > t.request_end {
         spans.push(ctx.span(

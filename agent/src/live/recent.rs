@@ -115,13 +115,8 @@ fn stall_brief(stall: &Stall) -> StallBrief {
 /// What the live view keeps of a finished request.
 fn brief(service: &str, t: &RequestTimeline) -> SlowRequest {
     let ttft = t.ttft_ns();
-    let first_token = ttft.map(|n| t.request_start + n);
-    let gaps = &t.stats().itl_ns;
-    let worst = gaps
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, g)| **g)
-        .map(|(i, g)| (i + 1, *g));
+    let phases = t.phases();
+    let worst = t.longest_gap();
     let worst_cause = worst.and_then(|(chunk, _)| {
         t.stalls
             .iter()
@@ -146,12 +141,12 @@ fn brief(service: &str, t: &RequestTimeline) -> SlowRequest {
         delay_ms: ms(if delay == 0 { t.e2e_ns() } else { delay }),
         ttft_ms: ttft.map(ms),
         e2e_ms: ms(t.e2e_ns()),
-        socket_wait_ms: t.socket_wait_ns().map(ms),
+        socket_wait_ms: phases.socket_wait_ns.map(ms),
         accept_wait_ms: t.accept_wait_ns.map(ms),
         tls_handshake_ms: t.tls_handshake_ns.map(ms),
-        reading_ms: ms(t.request_end.saturating_sub(t.read_start)),
-        to_first_token_ms: first_token.map(|f| ms(f.saturating_sub(t.request_end))),
-        stream_ms: first_token.map(|f| ms(t.end.saturating_sub(f))),
+        reading_ms: ms(phases.reading_ns),
+        to_first_token_ms: phases.to_first_token_ns.map(ms),
+        stream_ms: phases.stream_ns.map(ms),
         chunks: t.chunk_ts.len() as u64,
         chunk_offsets_ms: t
             .chunk_ts

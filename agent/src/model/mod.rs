@@ -23,4 +23,4 @@ pub use hop::{JoinKey, SpanKind, TraceIds, UpstreamView};
 pub use in_flight::{OpenRequest, Phase};
 pub use stall::Stall;
 pub use stats::{StatsCache, TimelineStats};
-pub use timeline::{AbortReason, BodyKind, Protocol, RequestTimeline, Usage};
+pub use timeline::{AbortReason, BodyKind, Phases, Protocol, RequestTimeline, Usage};

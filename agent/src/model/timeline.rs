@@ -86,6 +86,21 @@ pub struct Usage {
     pub completion_tokens: Option<u64>,
 }
 
+/// A request's phases in order (ns), as the report and the live view show
+/// them: accept and TLS waits come before the request, apart.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Phases {
+    /// Arrival at the host → the server's first read; `None` when the
+    /// arrival is unknown.
+    pub socket_wait_ns: Option<u64>,
+    /// The first read → the read that completed the request.
+    pub reading_ns: u64,
+    /// Request complete → the first token (queue and prefill, from outside).
+    pub to_first_token_ns: Option<u64>,
+    /// First token → end of the response.
+    pub stream_ns: Option<u64>,
+}
+
 /// One HTTP request and its response as the server process handled it.
 ///
 /// All times are kernel monotonic nanoseconds; conversion to wall-clock
@@ -253,6 +268,35 @@ impl RequestTimeline {
             _ => self.first_body_byte,
         }?;
         Some(first.saturating_sub(self.request_start))
+    }
+
+    /// When the first token (first body byte) left: request start + TTFT.
+    pub fn first_token(&self) -> Option<MonoNs> {
+        self.ttft_ns()
+            .map(|ttft| self.request_start.saturating_add(ttft))
+    }
+
+    /// Where the request's time went, one phase after the other from its
+    /// arrival: the socket, reading it, to the first token, the stream.
+    pub fn phases(&self) -> Phases {
+        let first = self.first_token();
+        Phases {
+            socket_wait_ns: self.socket_wait_ns(),
+            reading_ns: self.request_end.saturating_sub(self.read_start),
+            to_first_token_ns: first.map(|f| f.saturating_sub(self.request_end)),
+            stream_ns: first.map(|f| self.end.saturating_sub(f)),
+        }
+    }
+
+    /// The longest gap between two chunks: (index of the chunk after it,
+    /// ns).
+    pub fn longest_gap(&self) -> Option<(usize, u64)> {
+        self.stats()
+            .itl_ns
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, g)| **g)
+            .map(|(i, g)| (i + 1, *g))
     }
 
     /// Time the request waited in the socket (arrival → the server's read).

@@ -183,10 +183,6 @@ struct Data {
     cpu_samples: Option<usize>,
 }
 
-fn first_token(t: &RequestTimeline) -> Option<u64> {
-    t.ttft_ns().map(|ttft| t.request_start + ttft)
-}
-
 /// A round bin width (1, 2 or 5 × 10^k ms) giving about `bins` bars up to
 /// `max`.
 fn bin_width(max_ms: f64, bins: usize) -> f64 {
@@ -295,16 +291,12 @@ fn requests_view(rows: &[Row], span_ms: f64) -> (f64, f64) {
 }
 
 fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Breakdown {
-    let first = first_token(t);
+    let phases = t.phases();
     let gaps = &t.stats().itl_ns;
     let median = t.stats().itl_percentile_ns(50.0).unwrap_or(0);
     let threshold = (median * SLOW_GAP_FACTOR).max(SLOW_GAP_MIN_NS);
     let slow: Vec<u64> = gaps.iter().copied().filter(|&g| g >= threshold).collect();
-    let longest = gaps
-        .iter()
-        .enumerate()
-        .max_by_key(|(_, g)| **g)
-        .map(|(i, g)| (i + 1, *g));
+    let longest = t.longest_gap();
     let cpu_samples = profile.map(|p| {
         p.samples
             .iter()
@@ -316,12 +308,12 @@ fn breakdown(index: usize, t: &RequestTimeline, profile: Option<&Profile>) -> Br
         ttft_ms: t.ttft_ns().map(ms),
         e2e_ms: ms(t.e2e_ns()),
         chunks: t.chunk_ts.len(),
-        socket_wait_ms: t.socket_wait_ns().map(ms),
+        socket_wait_ms: phases.socket_wait_ns.map(ms),
         accept_wait_ms: t.accept_wait_ns.map(ms),
         tls_handshake_ms: t.tls_handshake_ns.map(ms),
-        receive_ms: ms(t.request_end.saturating_sub(t.read_start)),
-        wait_ms: first.map(|f| ms(f.saturating_sub(t.request_end))),
-        stream_ms: first.map(|f| ms(t.end.saturating_sub(f))),
+        receive_ms: ms(phases.reading_ns),
+        wait_ms: phases.to_first_token_ns.map(ms),
+        stream_ms: phases.stream_ns.map(ms),
         longest_gap_ms: longest.map(|(_, g)| ms(g)),
         longest_gap_at: longest.map(|(i, _)| i),
         longest_gap_cause: longest
@@ -388,7 +380,7 @@ fn data(rec: &Recording) -> Data {
                 s: off(t.request_start),
                 rd: off(t.read_start),
                 r: off(t.request_end),
-                f: first_token(t).map(off),
+                f: t.first_token().map(off),
                 e: off(t.end),
                 t: t.chunk_ts.iter().map(|&c| off(c)).collect(),
                 k: late_chunks(t),

@@ -36,6 +36,32 @@ fn text(v: Option<&str>) -> String {
     v.unwrap_or("-").to_string()
 }
 
+/// A column of milliseconds (a percentile; `-` without observations).
+macro_rules! ms_column {
+    ($name:literal, $width:literal, $field:ident) => {
+        Column {
+            name: $name,
+            width: $width,
+            numeric: true,
+            cell: |r| super::format::ms(r.$field),
+            key: |r| number(r.$field),
+        }
+    };
+}
+
+/// A column of a count.
+macro_rules! count_column {
+    ($name:literal, $width:literal, $field:ident) => {
+        Column {
+            name: $name,
+            width: $width,
+            numeric: true,
+            cell: |r| r.$field.to_string(),
+            key: |r| SortKey::Number(r.$field as f64),
+        }
+    };
+}
+
 /// Every column, in screen order.
 pub const COLUMNS: &[Column] = &[
     Column {
@@ -72,69 +98,15 @@ pub const COLUMNS: &[Column] = &[
         cell: |r| super::format::rate(r.requests_per_s),
         key: |r| SortKey::Number(r.requests_per_s),
     },
-    Column {
-        name: "N",
-        width: 7,
-        numeric: true,
-        cell: |r| r.requests.to_string(),
-        key: |r| SortKey::Number(r.requests as f64),
-    },
-    Column {
-        name: "WAIT1ST",
-        width: 7,
-        numeric: true,
-        cell: |r| r.in_flight_first_token.to_string(),
-        key: |r| SortKey::Number(r.in_flight_first_token as f64),
-    },
-    Column {
-        name: "STREAM",
-        width: 6,
-        numeric: true,
-        cell: |r| r.in_flight_streaming.to_string(),
-        key: |r| SortKey::Number(r.in_flight_streaming as f64),
-    },
-    Column {
-        name: "TTFT50",
-        width: 7,
-        numeric: true,
-        cell: |r| super::format::ms(r.ttft_p50),
-        key: |r| number(r.ttft_p50),
-    },
-    Column {
-        name: "TTFT95",
-        width: 7,
-        numeric: true,
-        cell: |r| super::format::ms(r.ttft_p95),
-        key: |r| number(r.ttft_p95),
-    },
-    Column {
-        name: "TTFT99",
-        width: 7,
-        numeric: true,
-        cell: |r| super::format::ms(r.ttft_p99),
-        key: |r| number(r.ttft_p99),
-    },
-    Column {
-        name: "ITL50",
-        width: 6,
-        numeric: true,
-        cell: |r| super::format::ms(r.itl_p50),
-        key: |r| number(r.itl_p50),
-    },
-    Column {
-        name: "ITL99",
-        width: 6,
-        numeric: true,
-        cell: |r| super::format::ms(r.itl_p99),
-        key: |r| number(r.itl_p99),
-    },
-    Column {
-        name: "SOCK95",
-        width: 6,
-        numeric: true,
-        cell: |r| super::format::ms(r.socket_wait_p95),
-        key: |r| number(r.socket_wait_p95),
-    },
+    count_column!("N", 7, requests),
+    count_column!("WAIT1ST", 7, in_flight_first_token),
+    count_column!("STREAM", 6, in_flight_streaming),
+    ms_column!("TTFT50", 7, ttft_p50),
+    ms_column!("TTFT95", 7, ttft_p95),
+    ms_column!("TTFT99", 7, ttft_p99),
+    ms_column!("ITL50", 6, itl_p50),
+    ms_column!("ITL99", 6, itl_p99),
+    ms_column!("SOCK95", 6, socket_wait_p95),
     Column {
         name: "CANC/S",
         width: 6,
