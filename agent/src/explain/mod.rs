@@ -314,7 +314,7 @@ impl Explainer {
     pub fn explain(&self, t: &RequestTimeline) -> Vec<Stall> {
         // Which chunks were late comes first, and is cheap: most requests
         // have none, and then nothing else is looked at.
-        let holds: Vec<&Hold> = if t.conn.is_tls() {
+        let mut holds: Vec<&Hold> = if t.conn.is_tls() {
             Vec::new()
         } else {
             self.holds
@@ -322,6 +322,12 @@ impl Explainer {
                 .map(|(_, h)| h)
                 .collect()
         };
+        // The chunks' gaps follow one another, so one cursor over the holds
+        // in write order finds each gap's first hold: a scan of every hold
+        // per chunk was chunks × holds (14 % of the agent's CPU under an
+        // SSE flood of 2,000-chunk responses).
+        holds.sort_by_key(|h| h.write_ts);
+        let mut next_hold = 0;
         let late: Vec<Late> = t
             .chunk_ts
             .iter()
@@ -333,10 +339,10 @@ impl Explainer {
                     t.chunk_ts[i - 1]
                 };
                 let gap = emit.saturating_sub(start);
-                let hold = holds
-                    .iter()
-                    .find(|h| h.write_ts > start && h.write_ts <= emit)
-                    .copied();
+                while holds.get(next_hold).is_some_and(|h| h.write_ts <= start) {
+                    next_hold += 1;
+                }
+                let hold = holds.get(next_hold).filter(|h| h.write_ts <= emit).copied();
                 let socket_ns = hold.map_or(0, |h| h.release_ts.saturating_sub(h.write_ts));
                 (gap >= self.threshold_ns || socket_ns >= self.threshold_ns).then_some(Late {
                     chunk: i,
