@@ -9,6 +9,7 @@ mod infer;
 mod set;
 mod sock;
 mod uprobe_mode;
+mod uprobe_trial;
 mod verifier;
 
 pub use attached::AttachedProbes;
@@ -22,10 +23,8 @@ pub use set::{FileLinks, ProbeCommand, ProbeSet};
 pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
 };
-pub use uprobe_mode::{
-    check_hits, tokentrace_uprobe_check_target, try_uprobe, HostUprobes, UprobeMode,
-    UprobeModeSetting,
-};
+pub use uprobe_mode::{HostUprobes, UprobeMode, UprobeModeSetting};
+pub use uprobe_trial::{check_hits, tokentrace_uprobe_check_target, try_uprobe};
 pub use verifier::{program_stats, ProgramStats, PRIVATE_STACK_MIN_BYTES};
 
 /// Detaches `links` concurrently. Closing a tracepoint or uprobe perf event

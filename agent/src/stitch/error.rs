@@ -12,7 +12,7 @@ use thiserror::Error;
 use crate::event::ConnId;
 
 use super::chunked::ChunkedError;
-use super::h2::FrameError;
+use super::h2::frame::FrameError;
 use super::http::{CollectError, HeadError};
 
 /// Which half of an exchange an error is about.

@@ -41,7 +41,8 @@ use crate::event::{Direction, Event, MonoNs, SockAddrs};
 
 pub use chunked::ChunkedError;
 pub use error::{Side, StitchError};
-pub use h2::{FrameError, MAX_STREAMS as H2_MAX_STREAMS};
+pub use h2::frame::FrameError;
+pub use h2::MAX_STREAMS as H2_MAX_STREAMS;
 pub use http::HeadError;
 
 use crate::model::timeline;

@@ -14,7 +14,7 @@
 //! [`flow`] tracks the send windows that make a server wait.
 
 mod flow;
-mod frame;
+pub(super) mod frame;
 mod grpc;
 mod hpack;
 mod huffman;
@@ -32,8 +32,6 @@ use super::exchange::{Exchange, RequestStart, Setup};
 use super::input::{Bytes, Io};
 use super::sink::Sink;
 use super::timeline::{AbortReason, RequestTimeline};
-
-pub use frame::FrameError;
 
 use flow::Windows;
 use frame::{flags, FrameEvent, FrameHeader, FrameReader, Kind};
