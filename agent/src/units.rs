@@ -1,11 +1,15 @@
 //! Shared, pipeline-independent helpers every stage may use: the kernel's
-//! clock and how durations and distributions are printed. Lives below
-//! every stage so none has to import from another stage or from the
-//! command that wires them.
+//! clock, its offset to the wall clock ([`WallClock`]), and how durations
+//! and distributions are printed. Lives below every stage so none has to
+//! import from another stage or from the command that wires them.
 
-use std::time::Duration;
+mod wall_clock;
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::event::MonoNs;
+
+pub use wall_clock::WallClock;
 
 /// The kernel's CLOCK_MONOTONIC, the clock of every event timestamp.
 pub fn monotonic_now() -> MonoNs {
@@ -16,6 +20,13 @@ pub fn monotonic_now() -> MonoNs {
     // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     (ts.tv_sec as u64) * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Unix nanoseconds now (CLOCK_REALTIME; 0 before the epoch).
+pub fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, nanos)
 }
 
 /// A duration in nanoseconds, saturating at `u64::MAX` (about 584 years:

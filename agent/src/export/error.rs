@@ -10,7 +10,7 @@ use thiserror::Error;
 
 use hyper::http::HeaderName;
 
-use super::resource::AttributeError;
+use super::attributes::AttributeError;
 
 #[derive(Debug, Error)]
 pub enum ExportError {

@@ -23,9 +23,10 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use opentelemetry_proto::tonic::common::v1::{any_value, AnyValue, ArrayValue, KeyValue};
+use opentelemetry_proto::tonic::common::v1::KeyValue;
 use opentelemetry_proto::tonic::resource::v1::Resource;
 
+use super::attributes::{kv_int, kv_str};
 use crate::k8s::Metadata;
 
 /// `service.name` of the agent's own (self-)metrics.
@@ -36,45 +37,6 @@ const MAX_CACHED_PROCESSES: usize = 4096;
 /// Most bytes of `/proc/PID/environ` read when looking for
 /// `OTEL_SERVICE_NAME`.
 const MAX_ENVIRON_BYTES: usize = 256 * 1024;
-
-fn kv(key: &str, value: any_value::Value) -> KeyValue {
-    KeyValue {
-        key: key.to_string(),
-        value: Some(AnyValue { value: Some(value) }),
-        ..Default::default()
-    }
-}
-
-/// A string attribute.
-pub fn kv_str(key: &str, value: impl Into<String>) -> KeyValue {
-    kv(key, any_value::Value::StringValue(value.into()))
-}
-
-/// A string-array attribute.
-pub fn kv_str_array(key: &str, values: impl IntoIterator<Item = String>) -> KeyValue {
-    let values = values
-        .into_iter()
-        .map(|v| AnyValue {
-            value: Some(any_value::Value::StringValue(v)),
-        })
-        .collect();
-    kv(key, any_value::Value::ArrayValue(ArrayValue { values }))
-}
-
-/// An integer attribute.
-pub fn kv_int(key: &str, value: i64) -> KeyValue {
-    kv(key, any_value::Value::IntValue(value))
-}
-
-/// A floating-point attribute.
-pub fn kv_f64(key: &str, value: f64) -> KeyValue {
-    kv(key, any_value::Value::DoubleValue(value))
-}
-
-/// A boolean attribute.
-pub fn kv_bool(key: &str, value: bool) -> KeyValue {
-    kv(key, any_value::Value::BoolValue(value))
-}
 
 /// How resources are named: the user's settings plus the host name.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -302,56 +264,6 @@ fn container_of(proc_root: &Path, pid: u32) -> Vec<(String, String)> {
         .unwrap_or_default()
 }
 
-/// An entry of a `key=value,...` list that does not parse; it names the
-/// entry.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum AttributeError {
-    #[error("{0:?} is not key=value")]
-    NotKeyValue(String),
-    #[error("{0:?} has an empty key")]
-    EmptyKey(String),
-    #[error("{0:?} has a bad %-escape")]
-    BadEscape(String),
-}
-
-/// Parses `OTEL_RESOURCE_ATTRIBUTES` (`key1=value1,key2=value2`, values
-/// percent-decoded). Errors name the offending entry.
-pub fn parse_resource_attributes(s: &str) -> Result<Vec<(String, String)>, AttributeError> {
-    let mut out = Vec::new();
-    for entry in s.split(',').map(str::trim).filter(|e| !e.is_empty()) {
-        let (k, v) = entry
-            .split_once('=')
-            .ok_or_else(|| AttributeError::NotKeyValue(entry.to_string()))?;
-        let key = k.trim();
-        if key.is_empty() {
-            return Err(AttributeError::EmptyKey(entry.to_string()));
-        }
-        let value =
-            percent_decode(v.trim()).ok_or_else(|| AttributeError::BadEscape(entry.to_string()))?;
-        out.push((key.to_string(), value));
-    }
-    Ok(out)
-}
-
-/// Decodes `%XX` escapes (the W3C Baggage value encoding the OTel spec
-/// uses for these variables).
-pub fn percent_decode(s: &str) -> Option<String> {
-    let raw = s.as_bytes();
-    let mut out = Vec::with_capacity(raw.len());
-    let mut i = 0;
-    while i < raw.len() {
-        if raw[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(raw[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
 /// This host's name, for `host.name`.
 pub fn host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
@@ -361,6 +273,8 @@ pub fn host_name() -> String {
 
 #[cfg(test)]
 mod tests {
+    use opentelemetry_proto::tonic::common::v1::any_value;
+
     use super::*;
 
     fn attr<'a>(r: &'a Resource, key: &str) -> Option<&'a any_value::Value> {
@@ -599,26 +513,5 @@ mod tests {
         own.env_service_name = None;
         assert_eq!(rules.service_name(&own), "vllm");
         std::fs::remove_dir_all(&dir).expect("cleanup");
-    }
-
-    #[test]
-    fn parses_otel_resource_attributes() {
-        let got =
-            parse_resource_attributes("k8s.namespace.name=llm, team=a%2Cb ,,x=").expect("valid");
-        assert_eq!(
-            got,
-            vec![
-                ("k8s.namespace.name".to_string(), "llm".to_string()),
-                ("team".to_string(), "a,b".to_string()),
-                ("x".to_string(), String::new()),
-            ]
-        );
-        assert!(parse_resource_attributes("novalue")
-            .expect_err("no =")
-            .to_string()
-            .contains("novalue"));
-        assert!(parse_resource_attributes("=v").is_err());
-        assert!(parse_resource_attributes("k=%zz").is_err());
-        assert_eq!(percent_decode("a%20b"), Some("a b".into()));
     }
 }

@@ -14,12 +14,11 @@ use std::time::Duration;
 use hyper::http::HeaderMap;
 use serde::Deserialize;
 
+use super::attributes::parse_resource_attributes;
 use super::error::ExportError;
-use super::otlp::{insert_header, parse_headers, OtlpProtocol, Target};
-use super::resource::{host_name, parse_resource_attributes, ResourceRules};
-use super::retry::RetryPolicy;
-use super::sampling::{Sampling, SamplingConfig};
-use super::spans::SpanSettings;
+use super::otlp::{insert_header, parse_headers, OtlpProtocol, RetryPolicy, Target};
+use super::resource::{host_name, ResourceRules};
+use super::spans::{Sampling, SamplingConfig, SpanSettings};
 
 /// `export:` in the YAML config. Keys left `null` fall back to the
 /// `OTEL_*` environment variables, then to the embedded defaults.

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use super::recent::Recent;
 use super::snapshot::{AgentStatus, TopSnapshot};
 use super::totals::route_totals;
-use crate::export::Shared;
+use crate::export::{Labels, Shared};
 use crate::model::RequestTimeline;
 use crate::units::monotonic_now;
 
@@ -43,8 +43,8 @@ impl LiveFeed {
 
     /// A request the server finished (the metrics have it already: the
     /// exporter recorded it).
-    pub fn record(&self, service: &str, t: &RequestTimeline) {
-        self.state().recent.record(service, t);
+    pub fn record(&self, labels: &Labels, t: &RequestTimeline) {
+        self.state().recent.record(labels, t);
     }
 
     pub fn set_agent(&self, status: AgentStatus) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use super::snapshot::{SlowRequest, StallBrief};
 use crate::event::MonoNs;
-use crate::export::normalise_route;
+use crate::export::{stall_causes, Labels};
 use crate::model::{RequestTimeline, Stall};
 
 /// The longest window `top` may ask for.
@@ -32,8 +32,8 @@ pub struct Recent {
 impl Recent {
     /// Keeps `t` if it is among its bucket's slowest; drops buckets older
     /// than [`MAX_WINDOW`].
-    pub fn record(&mut self, service: &str, t: &RequestTimeline) {
-        let slow = brief(service, t);
+    pub fn record(&mut self, labels: &Labels, t: &RequestTimeline) {
+        let slow = brief(labels, t);
         let start = t.end - t.end % BUCKET_NS;
         if self.buckets.back().is_none_or(|(s, _)| *s < start) {
             self.buckets
@@ -85,7 +85,7 @@ fn ms(ns: u64) -> f64 {
 
 /// Largest cause first; `off_cpu (futex)` style names.
 fn causes(stall: &Stall) -> Vec<(String, f64)> {
-    let mut causes: Vec<(String, f64)> = crate::export::stall_causes(stall)
+    let mut causes: Vec<(String, f64)> = stall_causes(stall)
         .into_iter()
         .map(|(c, seconds)| {
             let name = match &c.reason {
@@ -113,7 +113,7 @@ fn stall_brief(stall: &Stall) -> StallBrief {
 }
 
 /// What the live view keeps of a finished request.
-fn brief(service: &str, t: &RequestTimeline) -> SlowRequest {
+fn brief(labels: &Labels, t: &RequestTimeline) -> SlowRequest {
     let ttft = t.ttft_ns();
     let phases = t.phases();
     let worst = t.longest_gap();
@@ -127,11 +127,11 @@ fn brief(service: &str, t: &RequestTimeline) -> SlowRequest {
     SlowRequest {
         end_ns: t.end,
         request_start_ns: t.request_start,
-        service: service.to_string(),
+        service: labels.service.clone(),
         pid: t.conn.pid,
         comm: t.comm.clone(),
         method: t.method.clone(),
-        route: normalise_route(&t.path),
+        route: labels.route.clone(),
         model: t.model.clone(),
         status: t.status,
         request_id: t.request_id().map(str::to_owned),
@@ -196,7 +196,8 @@ pub(crate) mod tests {
         for i in 0..60_000u64 {
             let end = 1_000_000 + i * 20;
             let ttft = 1 + (i * 7919) % 50;
-            recent.record("svc", &timeline(end, ttft));
+            let t = timeline(end, ttft);
+            recent.record(&Labels::new("svc".into(), &t), &t);
             all.push((end, ttft));
         }
         let now = 1_000_000 + 59_999 * 20;
@@ -240,7 +241,7 @@ pub(crate) mod tests {
             unexplained_ms: 30.0,
             ..Stall::default()
         }];
-        let r = brief("svc", &t);
+        let r = brief(&Labels::new("svc".into(), &t), &t);
         assert_eq!(r.worst_gap_chunk, Some(chunk));
         assert_eq!(r.worst_gap_cause.as_deref(), Some("off_cpu (sleep)"));
         assert_eq!(r.stalls[0].causes[1], ("unexplained".to_string(), 30.0));

@@ -60,17 +60,18 @@ fn row<'a>(rows: &'a mut BTreeMap<RouteKey, RouteTotals>, key: &RouteKey) -> &'a
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::Labels;
 
     #[test]
     fn series_of_one_route_fold_into_one_row() {
         let mut m = Metrics::new(100, 0);
         let mut t = super::super::recent::tests::timeline(10_000, 40);
         t.model = Some("m".into());
-        m.record("svc", &t);
+        m.record(&Labels::new("svc".into(), &t), &t);
         t.status = Some(500);
-        m.record("svc", &t);
+        m.record(&Labels::new("svc".into(), &t), &t);
         t.path = "/v1/completions".into();
-        m.record("svc", &t);
+        m.record(&Labels::new("svc".into(), &t), &t);
         let rows = route_totals(&m);
         let got: Vec<(Option<&str>, u64, u64, u64, u64)> = rows
             .iter()

@@ -8,7 +8,7 @@ use std::io::{self, Write};
 use std::sync::atomic::Ordering;
 
 use crate::event::{Event, MonoNs};
-use crate::export::{AgentCounters, Exporter};
+use crate::export::{AgentCounters, Exporter, Labels};
 use crate::live::{agent_status, LiveFeed};
 use crate::model::RequestTimeline;
 use crate::output::{OutputFormat, RunSummary};
@@ -88,16 +88,14 @@ impl Stages<'_> {
         }
         for timeline in std::mem::take(&mut self.finished) {
             let served = timeline.kind == crate::model::SpanKind::Server;
-            self.exporter.record(&timeline);
+            // the service and route are worked out once, by the exporter
+            let labels = self.exporter.record(&timeline);
             if served {
                 self.summary.record(&timeline);
-                if self.live.is_some() || self.triggers.is_some() {
-                    let service = self.exporter.service_of(timeline.conn.pid, &timeline.comm);
-                    if let Some(live) = &self.live {
-                        live.record(&service, &timeline);
-                    }
-                    self.judge(&service, &timeline);
+                if let Some(live) = &self.live {
+                    live.record(&labels, &timeline);
                 }
+                self.judge(&labels, &timeline);
             }
             if !self.quiet && self.printer.print(&timeline).is_err() {
                 return Some(Stop::OutputClosed);
@@ -114,12 +112,11 @@ impl Stages<'_> {
 
     /// Hands a reported timeline to the triggers; a firing is logged and
     /// exported.
-    fn judge(&mut self, service: &str, timeline: &RequestTimeline) {
+    fn judge(&mut self, labels: &Labels, timeline: &RequestTimeline) {
         let Some(triggers) = &mut self.triggers else {
             return;
         };
-        let route = crate::export::normalise_route(&timeline.path);
-        for firing in triggers.observe(service, &route, timeline) {
+        for firing in triggers.observe(&labels.service, &labels.route, timeline) {
             let ring_mib = triggers.history_bytes() as f64 / f64::from(1u32 << 20);
             match (&firing.session, &firing.error) {
                 (Some(id), _) => tracing::warn!(

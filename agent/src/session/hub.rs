@@ -32,9 +32,8 @@ use super::{list_artifacts, write_artifacts, Artifact, Progress, RAW_PB};
 use crate::config::ExplainConfig;
 use crate::discover::{procfs, EndpointMatcher, Selector, Tracker};
 use crate::event::{Event, MonoNs};
-use crate::export::WallClock;
 use crate::stitch::StitchConfig;
-use crate::units::{monotonic_now, nanos};
+use crate::units::{monotonic_now, nanos, WallClock};
 
 /// Sessions running at once.
 pub const MAX_RUNNING: usize = 4;

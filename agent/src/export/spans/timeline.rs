@@ -27,13 +27,14 @@ use opentelemetry_proto::tonic::trace::v1::span::{Event, SpanKind};
 use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
 use opentelemetry_proto::tonic::trace::v1::{Span, Status};
 
-use super::clock::WallClock;
-use super::resource::{kv_bool, kv_f64, kv_int, kv_str, kv_str_array};
 use crate::event::MonoNs;
+use crate::export::attributes::{
+    error_type, kv_bool, kv_f64, kv_int, kv_str, kv_str_array, operation_name,
+};
 use crate::model::trace_context::{IdGenerator, RemoteParent};
 use crate::model::{Protocol, RequestTimeline};
 use crate::output::JsonTimeline;
-use crate::units::ms;
+use crate::units::{ms, WallClock};
 
 /// `SpanFlags`: the span's flags say whether its parent is remote.
 const FLAG_HAS_IS_REMOTE: u32 = 0x100;
@@ -52,57 +53,6 @@ pub struct SpanSettings {
     pub chunk_events: bool,
     /// Most events on one span; the rest are counted as dropped.
     pub max_events: usize,
-}
-
-/// `gen_ai.operation.name` from the request path, for the OpenAI-, Anthropic-,
-/// TGI-, llama.cpp- and Ollama-style endpoints; `None` for anything else.
-pub fn operation_name(path: &str) -> Option<&'static str> {
-    let path = path
-        .split(['?', '#'])
-        .next()
-        .unwrap_or(path)
-        .trim_end_matches('/');
-    const CHAT: &[&str] = &[
-        "/chat/completions",
-        "/api/chat",
-        "/v1/messages",
-        "/v1/responses",
-    ];
-    const TEXT: &[&str] = &[
-        "/completions",
-        "/completion",
-        "/generate",
-        "/generate_stream",
-        "/api/generate",
-    ];
-    const EMBED: &[&str] = &["/embeddings", "/api/embed", "/api/embeddings"];
-    if CHAT.iter().any(|s| path.ends_with(s)) {
-        Some("chat")
-    } else if TEXT.iter().any(|s| path.ends_with(s)) {
-        Some("text_completion")
-    } else if EMBED.iter().any(|s| path.ends_with(s)) {
-        Some("embeddings")
-    } else {
-        None
-    }
-}
-
-/// Monotonic time of the first token (first SSE event, or first body byte).
-/// `error.type` of a request: why it was aborted, or its 5xx status.
-pub fn error_type(t: &RequestTimeline) -> Option<String> {
-    if t.aborted {
-        return Some(
-            t.abort_reason
-                .and_then(|r| serde_plain::to_string(&r).ok())
-                .unwrap_or_else(|| "aborted".into()),
-        );
-    }
-    // gRPC server errors (semantic conventions: UNKNOWN, DEADLINE_EXCEEDED,
-    // UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS).
-    if let Some(code) = t.grpc_status.filter(|c| [2, 4, 12, 13, 14, 15].contains(c)) {
-        return Some(code.to_string());
-    }
-    t.status.filter(|s| *s >= 500).map(|s| s.to_string())
 }
 
 struct Ctx<'a> {

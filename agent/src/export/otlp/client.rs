@@ -40,7 +40,8 @@ use prost::Message;
 use tonic::metadata::MetadataMap;
 use tonic::transport::{Channel, Endpoint};
 
-use super::error::{ExportError, HeaderError, ProtocolError};
+use crate::export::attributes::parse_resource_attributes;
+use crate::export::error::{ExportError, HeaderError, ProtocolError};
 
 /// Most bytes of an HTTP response body read (it only carries a
 /// partial-success message).
@@ -399,7 +400,7 @@ fn grpc_error(status: tonic::Status) -> SendError {
 /// percent-decoded) into validated HTTP headers.
 pub fn parse_headers(s: &str) -> Result<HeaderMap, HeaderError> {
     let mut headers = HeaderMap::new();
-    for (k, v) in super::resource::parse_resource_attributes(s)? {
+    for (k, v) in parse_resource_attributes(s)? {
         insert_header(&mut headers, &k, &v)?;
     }
     Ok(headers)

@@ -4,11 +4,11 @@
 use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
 use opentelemetry_proto::tonic::trace::v1::Span;
 
-use super::clock::WallClock;
-use super::resource::{kv_f64, kv_int, kv_str};
 use crate::event::MonoNs;
+use crate::export::attributes::{kv_f64, kv_int, kv_str};
 use crate::model::trace_context::IdGenerator;
 use crate::model::Firing;
+use crate::units::WallClock;
 
 /// The span's name; its attributes are `tokentrace.trigger.*`.
 pub const TRIGGER_SPAN: &str = "tokentrace.trigger";

@@ -24,12 +24,11 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 
 use super::health;
-use super::metrics::{
-    self_metrics, ExportCounters, Histogram, Kind, Metrics, CANCELLATIONS, IN_FLIGHT, SOCKET_WAIT,
-    SOCKET_WAIT_DURATION, STALL_DURATION, STALL_TIME,
+use crate::export::metrics::{
+    self_metrics, ExportCounters, Histogram, Kind, Metrics, RouteKey, CANCELLATIONS, IN_FLIGHT,
+    SOCKET_WAIT, SOCKET_WAIT_DURATION, STALL_DURATION, STALL_TIME,
 };
-use super::series::RouteKey;
-use super::Shared;
+use crate::export::shared::Shared;
 
 const CONTENT_TYPE_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 /// A scraper that does not finish sending its request head in this time is
@@ -294,7 +293,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::export::metrics::{AgentCounters, Latency, SeriesKey};
+    use crate::export::metrics::{AgentCounters, Labels, Latency, SeriesKey};
 
     #[test]
     fn names_and_label_values_are_sanitised() {
@@ -370,7 +369,7 @@ mod tests {
 
     #[test]
     fn the_grafana_dashboard_only_queries_metrics_that_exist() {
-        let dashboard = include_str!("../../../deploy/grafana/tokentrace-dashboard.json");
+        let dashboard = include_str!("../../../../deploy/grafana/tokentrace-dashboard.json");
         let mut m = Metrics::new(100, 0);
         let key = SeriesKey {
             service: "s".into(),
@@ -400,7 +399,7 @@ mod tests {
             off_cpu_reason: Some("sleep".into()),
             ..crate::model::Stall::default()
         }];
-        m.record("s", &t);
+        m.record(&Labels::new("s".into(), &t), &t);
         let open = crate::model::OpenRequest {
             pid: 1,
             comm: "c".into(),

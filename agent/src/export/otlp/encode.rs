@@ -13,12 +13,12 @@ use opentelemetry_proto::tonic::metrics::v1::{
 use opentelemetry_proto::tonic::resource::v1::Resource;
 use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span};
 
-use super::metrics::{
-    self_metrics, ExportCounters, Histogram as Hist, Kind, Latency, Metrics, CANCELLATIONS,
+use crate::export::attributes::{kv_int, kv_str};
+use crate::export::metrics::{
+    self_metrics, ExportCounters, Histogram as Hist, Keyed, Kind, Latency, Metrics, CANCELLATIONS,
     IN_FLIGHT, SOCKET_WAIT, SOCKET_WAIT_DURATION, STALL_DURATION, STALL_TIME,
 };
-use super::resource::{kv_int, kv_str, ResourceRules};
-use super::series::Keyed;
+use crate::export::resource::ResourceRules;
 
 /// The spans of one request and the resource of the process that served it.
 #[derive(Debug, Clone)]
@@ -484,6 +484,7 @@ mod tests {
 #[cfg(test)]
 mod family_tests {
     use super::*;
+    use crate::export::metrics::Labels;
     use crate::model::{OpenRequest, Phase};
 
     #[test]
@@ -500,7 +501,7 @@ mod family_tests {
             gpu_launches: 3,
             ..crate::model::Stall::default()
         }];
-        m.record("svc", &t);
+        m.record(&Labels::new("svc".into(), &t), &t);
         let open = OpenRequest {
             pid: 1,
             comm: "c".into(),

@@ -3,33 +3,15 @@
 //! Liveness: the endpoint answers, so the runtime that also drives the run
 //! loop and the export tasks is not wedged. Readiness: the run loop has
 //! loaded and attached the eBPF programs and scanned the running processes
-//! ([`super::Exporter::set_ready`]); before that, a node's agent shows as
+//! ([`crate::export::Exporter::set_ready`]); before that, a node's agent shows as
 //! not ready instead of silently tracing nothing.
-
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use hyper::{Method, StatusCode};
 
+use crate::export::shared::Readiness;
+
 pub const LIVENESS_PATH: &str = "/healthz";
 pub const READINESS_PATH: &str = "/readyz";
-
-/// Set once the agent traces.
-#[derive(Debug, Default)]
-pub struct Readiness(AtomicBool);
-
-impl Readiness {
-    pub fn set(&self) {
-        self.0.store(true, Ordering::Release);
-    }
-
-    pub fn clear(&self) {
-        self.0.store(false, Ordering::Release);
-    }
-
-    fn get(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-}
 
 /// Status and body for a health path; `None` for any other request.
 pub fn respond(

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::error::ExportError;
+use crate::export::error::ExportError;
 use crate::model::{AbortReason, RequestTimeline};
 
 /// The span attribute that says why a request's spans were kept.

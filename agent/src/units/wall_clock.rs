@@ -1,4 +1,5 @@
-//! Kernel monotonic time → Unix wall-clock time, for span timestamps.
+//! Kernel monotonic time → Unix wall-clock time, for span timestamps
+//! (`export`) and a recording's wall-clock offset (`session`).
 //!
 //! Every event carries `bpf_ktime_get_ns()` (CLOCK_MONOTONIC). OTLP wants
 //! Unix nanoseconds, and the spans must line up with the caller's own spans

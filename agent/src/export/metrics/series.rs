@@ -15,6 +15,28 @@ use std::collections::BTreeMap;
 use super::route;
 use crate::model::RequestTimeline;
 
+/// The service and normalised route of a reported timeline, worked out
+/// once per timeline ([`crate::export::Exporter::record`]) and handed on to
+/// the metrics, the live view and the triggers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Labels {
+    /// `service.name` of the process's resource (its comm when nothing is
+    /// exported).
+    pub service: String,
+    /// The request path with ids replaced ([`route::normalise`]); empty
+    /// when the path is unknown.
+    pub route: String,
+}
+
+impl Labels {
+    pub fn new(service: String, t: &RequestTimeline) -> Self {
+        Self {
+            service,
+            route: route::normalise(&t.path),
+        }
+    }
+}
+
 /// Service, route and model of a request: the labels of the request-level
 /// counters and gauges.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -38,8 +60,14 @@ impl RouteKey {
         }
     }
 
-    pub fn of(service: &str, t: &RequestTimeline) -> Self {
-        Self::new(service, &t.path, t.model.as_deref())
+    /// The key of a reported timeline, from its [`Labels`].
+    pub fn of(labels: &Labels, t: &RequestTimeline) -> Self {
+        Self {
+            service: labels.service.clone(),
+            route: (!labels.route.is_empty()).then(|| labels.route.clone()),
+            model: t.model.clone(),
+            overflow: false,
+        }
     }
 
     /// The overflow series of `service`.

@@ -407,17 +407,6 @@ fn non_streaming_responses_have_a_write_phase() {
 }
 
 #[test]
-fn operation_names_follow_the_endpoint() {
-    assert_eq!(operation_name("/v1/chat/completions?x=1"), Some("chat"));
-    assert_eq!(operation_name("/v1/messages"), Some("chat"));
-    assert_eq!(operation_name("/api/chat"), Some("chat"));
-    assert_eq!(operation_name("/v1/completions"), Some("text_completion"));
-    assert_eq!(operation_name("/generate_stream"), Some("text_completion"));
-    assert_eq!(operation_name("/v1/embeddings"), Some("embeddings"));
-    assert_eq!(operation_name("/health"), None);
-}
-
-#[test]
 fn grpc_streams_carry_rpc_attributes_and_failed_calls_are_errors() {
     let mut t = sse();
     t.protocol = crate::model::Protocol::Grpc;
