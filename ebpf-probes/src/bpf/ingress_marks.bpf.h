@@ -77,6 +77,13 @@ struct {
 	__type(value, struct tt_tls_walk);
 } tls_walks SEC(".maps");
 
+/* What a new walk starts from. Read from here, not from a zeroed local:
+ * the struct on tls_walk_read's stack (344 bytes) plus sys_exit's own
+ * frame passed the verifier's 512-byte combined limit wherever the kernel
+ * gives the program no private stack (before 6.13, and 6.18 kernels seen
+ * here). */
+static const struct tt_tls_walk tls_walk_zero = {};
+
 /* The read's marks: every remembered segment overlapping the `ret` bytes
  * just read (copied_seq has moved past them), clipped to them. */
 static __always_inline void fill_ingress_marks(struct sock *sk, struct sock_state *st, __u32 ret,
@@ -248,8 +255,7 @@ static __noinline int tls_walk_read(struct sock *sk, struct sock_state *st, __u6
 			return 0;
 		if (h[0] != TLS_CT_HANDSHAKE || h[1] != 3 || h[5] != 1)
 			return 0; /* not a ClientHello: not a TLS server socket */
-		struct tt_tls_walk fresh = {};
-		bpf_map_update_elem(&tls_walks, &key, &fresh, BPF_ANY);
+		bpf_map_update_elem(&tls_walks, &key, &tls_walk_zero, BPF_ANY);
 		w = bpf_map_lookup_elem(&tls_walks, &key);
 		if (!w)
 			return 0;
