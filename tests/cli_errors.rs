@@ -4,7 +4,7 @@
 //! control endpoint address, no "ready"). Runs the real binary; `run` checks
 //! for root before anything else, so these need root like the eBPF tests.
 
-mod common;
+use tokentrace_testkit as common;
 
 use std::process::{Command, Output};
 

@@ -28,7 +28,7 @@
 //! image` builds; `cargo xtask test` provides them. Run as root:
 //!   cargo test -p tokentrace --test container_daemonset -- --test-threads=1
 
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::io::Write;

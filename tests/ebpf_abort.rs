@@ -5,8 +5,7 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_abort -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::thread;
 use std::time::Duration;

@@ -7,7 +7,7 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_concurrency -- --test-threads=1 --nocapture
 //!
-//! Timing: the bracket checks of `Tolerance` (common/mod.rs) hold for every
+//! Timing: the bracket checks of `Tolerance` (tests/kit/src/lib.rs) hold for every
 //! request and chunk regardless of load. What widens under 32 streams on 2
 //! cores is how far both outside views are from the agent's request start
 //! for the first wave of 32 simultaneous requests. Measured (load average
@@ -37,8 +37,7 @@
 //! of the two 1.6–3.1 ms for fastapi at load average 5 (http.server,
 //! one thread per connection: 0.13–0.36 ms).
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use common::*;
 

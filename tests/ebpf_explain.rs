@@ -17,8 +17,7 @@
 //! CI does):
 //!   cargo test -p tokentrace --test ebpf_explain -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::time::Duration;
 

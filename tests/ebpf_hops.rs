@@ -14,8 +14,7 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_hops -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -33,8 +33,7 @@
 //! writes it later on its own threads, so the server side of that bracket
 //! is looser than stdlib's, never wrong.
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;

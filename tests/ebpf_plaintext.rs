@@ -13,15 +13,14 @@
 //! response id, |ΔTTFT| < 2 ms, and every chunk's emit time against the
 //! client's arrival and the server's own pre-write timestamp.
 //!
-//! Timing checks (see `Tolerance` in common/mod.rs): every agent timestamp
+//! Timing checks (see `Tolerance` in tests/kit/src/lib.rs): every agent timestamp
 //! must lie in its physical bracket (client send ≤ request start ≤ server
 //! handler start; server pre-write stamp ≤ chunk emit ≤ client arrival), for
 //! every request and chunk; per request the agent's TTFT must agree within
 //! 2 ms with the client's or the server's own measure; per chunk the emit
 //! within 5 ms of the client's arrival or the server's stamp; medians < 1 ms.
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -20,8 +20,7 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_send_hold -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -36,8 +36,7 @@
 //! recognised), and, for nginx, one "client connection ignored" per request
 //! (nginx's connection to the upstream).
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Read, Write};

@@ -17,8 +17,7 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_tls_wire -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

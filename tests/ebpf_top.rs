@@ -4,7 +4,7 @@
 //! must be in the slowest list with its cause, and `q` must end a local
 //! `top` cleanly with its programs gone. Needs root and tmux (apt).
 
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

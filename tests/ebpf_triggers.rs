@@ -7,7 +7,7 @@
 //! bound however loaded the machine is; the history check compares the
 //! session's own request stamps with the agent's firing.
 
-mod common;
+use tokentrace_testkit as common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

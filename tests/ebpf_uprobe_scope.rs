@@ -12,7 +12,7 @@
 //!
 //! Run as root: cargo test -p tokentrace --test ebpf_uprobe_scope -- --test-threads=1
 
-mod common;
+use tokentrace_testkit as common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};

@@ -26,8 +26,7 @@
 //! (`cargo xtask vllm-env`; `cargo xtask test` installs it). Run as root:
 //!   cargo test -p tokentrace --test ebpf_vllm -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

@@ -27,8 +27,7 @@
 //!   nothing dropped while the queue had room, and every agent (gRPC and
 //!   HTTP) drained within 2 s of its return.
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeSet;
 use std::io::{Read, Write};

@@ -1,5 +1,5 @@
 //! Root-only: tail-based span sampling (`export.sampling`) against a real
-//! OTLP collector (rotel, see tests/common/otel.rs). With a 1 % base rate
+//! OTLP collector (rotel, see tests/kit/src/otel.rs). With a 1 % base rate
 //! and a TTFT threshold, every request over the threshold has its span at
 //! the collector, the others within a binomial bound of 1 %, every span
 //! says why it was kept, the dropped requests are counted, and the
@@ -8,8 +8,7 @@
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test otel_sampling -- --test-threads=1 --nocapture
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeMap;
 use std::thread;

@@ -10,8 +10,7 @@
 //! Artifacts of the last run (the session directory, the screenshot) stay
 //! under target/session-tests/ for inspection.
 
-#[path = "common/mod.rs"]
-mod common;
+use tokentrace_testkit as common;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};

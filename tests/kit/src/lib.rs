@@ -1,7 +1,19 @@
-//! Shared helpers of the root-only integration tests: start a real test
-//! server, the real agent (`tokentrace run`, which loads eBPF and so needs
-//! root) and the measuring client, then compare what the agent saw with what
-//! the client measured.
+//! The test kit: what the root-only integration tests (`tests/*.rs`, 21
+//! binaries of the agent crate) and `cargo xtask` (bench, soak, demo, …)
+//! share. It owns starting and waiting for the real processes they measure:
+//! the Python test servers (`READY <port>`), the agent (`tokentrace run`,
+//! which loads eBPF and so needs root, ready at `tokentrace: ready`), vLLM
+//! ([`vllm`]), the rotel OTLP collector ([`otel`]), nginx ([`nginx`]), the
+//! measuring clients; throw-away TLS certificates ([`tls`]); free ports;
+//! the children's output kept for failure reports; and the comparisons the
+//! tests make of what the agent saw with what the client measured.
+//!
+//! It does not depend on the agent crate (a change in `agent/src` rebuilds
+//! no kit): the agent is the binary [`agent_bin`] finds at run time.
+//!
+//! Errors: what xtask calls returns `anyhow::Result` with context; the
+//! test-facing helpers on top of it panic with that message (a test fails,
+//! never skips).
 //!
 //! Every child process lives in a guard that SIGKILLs it on drop, so nothing
 //! outlives a panicking test. When a test panics, the guards print the tail
@@ -10,8 +22,6 @@
 //! Clocks: the client stamps with Python's `time.monotonic_ns()`
 //! (CLOCK_MONOTONIC), the agent with `bpf_ktime_get_ns()` (CLOCK_MONOTONIC):
 //! both are on one time line, so per-chunk times compare directly.
-
-#![allow(dead_code)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -81,21 +91,67 @@ pub fn free_port() -> u16 {
         .expect("binding a free port")
 }
 
+/// The workspace root: the nearest directory holding a `[workspace]`
+/// Cargo.toml above the running package's manifest directory (cargo sets
+/// `CARGO_MANIFEST_DIR` when it runs a test or `cargo xtask`), else above
+/// this kit's own (tests/kit, when a binary is run by hand). The run-time
+/// value comes first: a binary shared through a target directory may have
+/// been built from another checkout.
 pub fn repo_root() -> PathBuf {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().map(PathBuf::from).unwrap_or(manifest)
+    let kit = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let starts = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([kit.clone()]);
+    for start in starts {
+        let root = start.ancestors().find(|dir| {
+            std::fs::read_to_string(dir.join("Cargo.toml"))
+                .is_ok_and(|toml| toml.lines().any(|l| l.trim() == "[workspace]"))
+        });
+        if let Some(root) = root {
+            return root.to_path_buf();
+        }
+    }
+    // tests/kit -> the repository
+    kit.ancestors().nth(2).map_or(kit.clone(), PathBuf::from)
+}
+
+/// Where cargo puts builds: `$CARGO_TARGET_DIR` (relative to the workspace
+/// root when relative), else `<root>/target`.
+pub fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(dir) if !dir.is_empty() => repo_root().join(dir),
+        _ => repo_root().join("target"),
+    }
 }
 
 pub fn python() -> String {
     std::env::var("TOKENTRACE_TEST_PYTHON").unwrap_or_else(|_| "python3".to_string())
 }
 
-/// The agent under test: this build's, or `TOKENTRACE_TEST_AGENT` (another
-/// build's binary, to measure it with the same tests).
+/// The agent under test: `TOKENTRACE_TEST_AGENT` (another build's binary,
+/// to measure it with the same tests), else the `tokentrace` cargo built
+/// beside the running test (which is `<target>/<profile>/deps/<test>-<hash>`;
+/// cargo builds the agent's binary into `<target>/<profile>` for its
+/// integration tests). Panics saying how to get one when it is missing.
 pub fn agent_bin() -> PathBuf {
-    std::env::var_os("TOKENTRACE_TEST_AGENT")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tokentrace")))
+    if let Some(agent) = std::env::var_os("TOKENTRACE_TEST_AGENT").filter(|a| !a.is_empty()) {
+        return PathBuf::from(agent);
+    }
+    let exe = std::env::current_exe().expect("the running test's path (/proc/self/exe)");
+    let beside = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .map(|profile| profile.join("tokentrace"));
+    match beside {
+        Some(bin) if bin.is_file() => bin,
+        _ => panic!(
+            "no tokentrace binary beside the running test ({}): run the tests through \
+             `cargo test -p tokentrace` (it builds the binary), or set TOKENTRACE_TEST_AGENT \
+             to an agent binary",
+            exe.display()
+        ),
+    }
 }
 
 /// Lines of a child's stream, kept for failure reports.
