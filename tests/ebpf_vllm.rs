@@ -107,8 +107,8 @@ fn root_vllm_with_the_plugin_queue_prefill_preemption_and_batching_match_vllm() 
     require_root("root_vllm_with_the_plugin_queue_prefill_preemption_and_batching_match_vllm");
     let venv = venv();
     let scratch = Scratch::new("plugin");
-    let model = tiny_model(&venv, &scratch.0);
-    let site = plugin_site(&venv, &scratch.0);
+    let model = tiny_model(&venv, &scratch.0).unwrap_or_else(|e| panic!("{e:#}"));
+    let site = plugin_site(&venv, &scratch.0).unwrap_or_else(|e| panic!("{e:#}"));
     let server = Vllm::start(
         &venv,
         &model,
@@ -124,7 +124,8 @@ fn root_vllm_with_the_plugin_queue_prefill_preemption_and_batching_match_vllm() 
             "--num-gpu-blocks-override",
             "10",
         ],
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
     // A 1 ms threshold: every gap a preemption lies in gets its breakdown.
     let config = scratch.0.join("agent.yaml");
     std::fs::write(&config, "explain:\n  stall_threshold: 1ms\n").expect("write the agent config");
@@ -266,14 +267,15 @@ fn root_vllm_without_the_plugin_chunks_are_exact_and_no_engine_fields() {
     require_root("root_vllm_without_the_plugin_chunks_are_exact_and_no_engine_fields");
     let venv = venv();
     let scratch = Scratch::new("plain");
-    let model = tiny_model(&venv, &scratch.0);
+    let model = tiny_model(&venv, &scratch.0).unwrap_or_else(|e| panic!("{e:#}"));
     let server = Vllm::start(
         &venv,
         &model,
         &scratch.0,
         None,
         &["--max-model-len", "512", "--max-num-seqs", "8"],
-    );
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
     let mut agent = start_agent(&Agent::for_pids(&[server.pid()]));
     let ids = ["vp-1", "vp-2", "vp-3", "vp-4"];
     let requests: Vec<(&str, u32)> = ids.iter().map(|id| (*id, MAX_TOKENS)).collect();

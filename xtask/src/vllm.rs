@@ -13,15 +13,10 @@ use crate::{native, util};
 /// The installer; run with the system python3.
 const VLLM_ENV_SCRIPT: &str = include_str!("vllm_env.py");
 
-/// Where the venv lives unless `$TOKENTRACE_VLLM_VENV` says otherwise:
-/// outside the checkout, so every worktree and rerun shares one ~6 GB
-/// install. tests/ebpf_vllm.rs reads the same variable and default.
-const DEFAULT_VENV: &str = "/var/cache/tokentrace/vllm-venv";
-
+/// Where the venv lives: the tests' and the bench's (tests/kit), outside
+/// the checkout so every worktree and rerun shares one ~6 GB install.
 pub fn venv() -> PathBuf {
-    std::env::var_os("TOKENTRACE_VLLM_VENV")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_VENV), PathBuf::from)
+    tokentrace_testkit::vllm::venv_dir()
 }
 
 /// Installs vLLM into [`venv`] unless a finished install is there.

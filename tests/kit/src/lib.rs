@@ -35,8 +35,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 pub mod h2;
+pub mod http;
 pub mod nginx;
 pub mod otel;
+pub mod rotel;
 pub mod tls;
 pub mod tls_wire;
 pub mod vllm;

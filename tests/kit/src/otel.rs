@@ -4,15 +4,15 @@
 //! output; and a scrape of the agent's Prometheus endpoint.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use super::python;
+use super::{python, rotel};
 
 // ------------------------------------------------------------------ rotel
 
@@ -25,89 +25,42 @@ pub struct Collector {
     pid_file: PathBuf,
 }
 
-pub fn rotel_binary() -> PathBuf {
-    let out = Command::new(python())
-        .args([
-            "-c",
-            "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
-        ])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {}: {e}", python()));
-    assert!(
-        out.status.success(),
-        "the rotel collector is not installed: `pip install rotel` (xtask deps and .ci/run install it); {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+/// Keeps every line of the collector's output.
+struct KeepAll(Arc<Mutex<Vec<String>>>);
+
+impl rotel::LineSink for KeepAll {
+    fn line(&mut self, line: &str) {
+        if let Ok(mut v) = self.0.lock() {
+            v.push(line.to_string());
+        }
+    }
 }
 
 impl Collector {
     /// Starts rotel on the given ports and waits until both accept.
     pub fn start(grpc_port: u16, http_port: u16) -> Collector {
-        let bin = rotel_binary();
+        let bin = rotel::binary(python()).unwrap_or_else(|e| panic!("{e:#}"));
         let pid_file = std::env::temp_dir().join(format!(
             "tokentrace-test-rotel-{}-{grpc_port}.pid",
             std::process::id()
         ));
-        let mut child = Command::new(&bin)
-            .args(["start", "--exporter", "blackhole"])
-            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc_port}")])
-            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http_port}")])
-            .args([
-                "--debug-log",
-                "traces",
-                "--debug-log",
-                "metrics",
-                "--debug-log-verbosity",
-                "detailed",
-            ])
-            .args(["--batch-timeout", "50ms"])
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
+        let mut child = rotel::command(
+            &bin,
+            grpc_port,
+            http_port,
+            &["traces", "metrics"],
+            &["--batch-timeout", "50ms"],
+            &pid_file,
+        )
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {}: {e}", bin.display()));
         let stdout = Arc::new(Mutex::new(Vec::new()));
-        for stream in [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ]
-        .into_iter()
-        .flatten()
+        rotel::read_output(&mut child, || KeepAll(Arc::clone(&stdout)));
+        if let Err(e) =
+            rotel::wait_listening(&mut child, &[grpc_port, http_port], Duration::from_secs(20))
         {
-            let sink = Arc::clone(&stdout);
-            thread::spawn(move || {
-                for line in BufReader::new(stream).lines() {
-                    let Ok(l) = line else { break };
-                    if let Ok(mut v) = sink.lock() {
-                        v.push(l);
-                    }
-                }
-            });
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        for port in [grpc_port, http_port] {
-            while TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Ok(Some(st)) = child.try_wait() {
-                    panic!(
-                        "rotel exited ({st}) before listening on {port}: {:?}",
-                        stdout.lock().map(|v| v.clone())
-                    );
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "rotel is not listening on {port} after 20 s"
-                );
-                thread::sleep(Duration::from_millis(50));
-            }
+            let _ = child.kill();
+            panic!("{e:#}: {:?}", stdout.lock().map(|v| v.clone()));
         }
         eprintln!(
             "[test] rotel ready: grpc {grpc_port}, http {http_port}, pid {}",
@@ -395,3 +348,16 @@ pub fn prom_sum(text: &str, name: &str, with: &[&str]) -> f64 {
 }
 
 // ------------------------------------------------------------------ helpers
+
+#[cfg(test)]
+mod tests {
+    use super::prom_sum;
+
+    #[test]
+    fn prometheus_samples_are_summed_by_name_and_labels() {
+        let text = "# HELP x\nx_total{reason=\"a\"} 2\nx_total{reason=\"b\"} 3\nx_total_other 9\n";
+        assert_eq!(prom_sum(text, "x_total", &[]), 5.0);
+        assert_eq!(prom_sum(text, "x_total", &["reason=\"b\""]), 3.0);
+        assert_eq!(prom_sum(text, "missing", &[]), 0.0);
+    }
+}

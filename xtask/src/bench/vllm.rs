@@ -13,17 +13,16 @@
 //! libllm_usdt.so on hand-built step records, untraced and traced.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::TcpStream;
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
+use tokentrace_testkit::vllm::{plugin_site, tiny_model, Vllm};
 
 use super::{cpu_ticks, median, Options, TracingAgent};
-use crate::util::{self, free_port, Guard};
-use crate::vllm as env;
+use crate::util::{self, Guard};
+use crate::{native, vllm as env};
 
 /// Requests per burst and tokens per request: 8 concurrent streams keep
 /// vLLM's batch full (`--max-num-seqs 8`).
@@ -31,85 +30,6 @@ const STREAMS: usize = 8;
 const TOKENS: u32 = 128;
 const CLIENT: &str = "tests/vllm/vllm_client.py";
 const COST: &str = "tests/bench/vllm_plugin_cost.py";
-
-struct Server {
-    guard: Guard,
-    port: u16,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        // SIGINT stops API server, EngineCore and Worker; then the group
-        // (it leads its own), in case one lingers.
-        let pid = self.guard.0.id().to_string();
-        let _ = util::status("kill", &["-INT", &pid]);
-        std::thread::sleep(Duration::from_secs(2));
-        let _ = Command::new("kill")
-            .args(["-KILL", "--", &format!("-{pid}")])
-            .stderr(Stdio::null())
-            .status();
-    }
-}
-
-fn http_status(port: u16, path: &str) -> Option<u16> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\n\r\n").ok()?;
-    let mut line = String::new();
-    BufReader::new(s).read_line(&mut line).ok()?;
-    line.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn start(venv: &Path, model: &Path, scratch: &Path, plugin: Option<&Path>) -> Result<Server> {
-    let port = free_port()?;
-    let mut cmd = Command::new(venv.join("bin/vllm"));
-    cmd.arg("serve")
-        .arg(model)
-        .args([
-            "--served-model-name",
-            "tiny",
-            "--host",
-            "127.0.0.1",
-            "--port",
-        ])
-        .arg(port.to_string())
-        .args([
-            "--dtype",
-            "bfloat16",
-            "--enforce-eager",
-            "--generation-config",
-            "vllm",
-        ])
-        .args(["--max-model-len", "512", "--max-num-seqs", "8"])
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_OFFLINE", "1")
-        .env("VLLM_NO_USAGE_STATS", "1")
-        .env("DO_NOT_TRACK", "1")
-        .env("VLLM_TARGET_DEVICE", "cpu")
-        .env("VLLM_CPU_KVCACHE_SPACE", "1")
-        .env("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        .env("HF_HOME", scratch.join("hf"))
-        .env("VLLM_CACHE_ROOT", scratch.join("cache"))
-        .env_remove("VLLM_PLUGINS")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .process_group(0);
-    match plugin {
-        Some(site) => cmd.env("PYTHONPATH", site),
-        None => cmd.env_remove("PYTHONPATH"),
-    };
-    let server = Server {
-        guard: Guard(cmd.spawn().context("starting vllm serve")?),
-        port,
-    };
-    let t0 = Instant::now();
-    while http_status(port, "/health") != Some(200) {
-        if t0.elapsed() > Duration::from_secs(300) {
-            bail!("vllm serve: no /health 200 within 300 s");
-        }
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    Ok(server)
-}
 
 /// CPU ticks of a process and all its descendants (vLLM's three).
 fn tree_ticks(pid: u32) -> u64 {
@@ -132,8 +52,8 @@ fn tree_ticks(pid: u32) -> u64 {
 }
 
 /// One burst: (tokens/s, server CPU µs per token).
-fn burst(server: &Server, round: u32, tag: &str) -> Result<(f64, f64)> {
-    let pid = server.guard.0.id();
+fn burst(server: &Vllm, round: u32, tag: &str) -> Result<(f64, f64)> {
+    let pid = server.pid();
     let ticks0 = tree_ticks(pid);
     let t0 = Instant::now();
     let mut cmd = Command::new("python3");
@@ -179,21 +99,16 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     let _ = std::fs::remove_dir_all(&scratch);
     std::fs::create_dir_all(&scratch)?;
     let python = venv.join("bin/python");
-    let model = scratch.join("model");
-    util::status(
-        python.to_str().context("venv path is not UTF-8")?,
-        &[
-            util::root()
-                .join("tests/vllm/tiny_model.py")
-                .to_str()
-                .context("path")?,
-            model.to_str().context("path")?,
-        ],
-    )?;
-    let site = plugin_site(&python, &scratch)?;
+    let model = tiny_model(&venv, &scratch)?;
+    // the plugin ships the libllm_usdt.so of a fresh native build; it is
+    // installed with --target: on PYTHONPATH it is vLLM's plugin, and the
+    // venv itself stays plugin-free for the plain server
+    native::build()?;
+    let site = plugin_site(&venv, &scratch)?;
 
-    let plain = start(&venv, &model, &scratch, None)?;
-    let plugged = start(&venv, &model, &scratch, Some(&site))?;
+    let batch = ["--max-model-len", "512", "--max-num-seqs", "8"];
+    let plain = Vllm::start(&venv, &model, &scratch, None, &batch)?;
+    let plugged = Vllm::start(&venv, &model, &scratch, Some(&site), &batch)?;
     // Warm-up: first requests compile and cache.
     burst(&plain, 0, "warm")?;
     burst(&plugged, 0, "warm")?;
@@ -202,7 +117,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     for round in 0..rounds {
         let b = burst(&plain, round, "plain")?;
         let u = burst(&plugged, round, "plugin")?;
-        let agent = TracingAgent::start(agent_bin, plugged.guard.0.id())?;
+        let agent = TracingAgent::start(agent_bin, plugged.pid())?;
         let t = burst(&plugged, round, "traced");
         agent.stop()?;
         let t = t?;
@@ -234,28 +149,6 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     print!("{result}");
     report.push_str(&result);
     Ok(())
-}
-
-fn plugin_site(python: &Path, scratch: &Path) -> Result<PathBuf> {
-    // Installed with --target: on PYTHONPATH it is vLLM's plugin, and the
-    // venv itself stays plugin-free for the plain server.
-    let pkg = env::staged_plugin()?;
-    let site = scratch.join("plugin");
-    util::status(
-        python.to_str().context("path")?,
-        &[
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            site.to_str().context("path")?,
-            pkg.to_str().context("path")?,
-        ],
-    )?;
-    Ok(site)
 }
 
 /// µs of CPU per token of the hook alone: (untraced, traced), each the

@@ -3,8 +3,7 @@
 //! reports timestamped as they arrive, and the probes of its memory and
 //! counters.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
@@ -269,30 +268,8 @@ fn read_log(stderr: impl Read, log: &Lines, t0: Instant, ready: mpsc::Sender<f64
 
 /// The agent's Prometheus text, or None when it does not answer.
 pub fn scrape(port: u16) -> Option<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    write!(
-        s,
-        "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-    )
-    .ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    head.starts_with("HTTP/1.1 200").then(|| body.to_string())
-}
-
-/// Sum of the samples of `name` whose labels contain every `with` pair.
-pub fn prom_sum(text: &str, name: &str, with: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (series, value) = l.rsplit_once(' ')?;
-            let (metric, labels) = series.split_once('{').unwrap_or((series, ""));
-            (metric == name && with.iter().all(|w| labels.contains(w)))
-                .then(|| value.parse::<f64>().ok())?
-        })
-        .sum()
+    let (status, body) = tokentrace_testkit::http::get(port, "/metrics", Duration::from_secs(5))?;
+    (status == 200).then_some(body)
 }
 
 /// Resident set size of `pid` in KiB.
@@ -322,13 +299,5 @@ mod tests {
             None,
             "a pid that is not a u32"
         );
-    }
-
-    #[test]
-    fn prometheus_samples_are_summed_by_name_and_labels() {
-        let text = "# HELP x\nx_total{reason=\"a\"} 2\nx_total{reason=\"b\"} 3\nx_total_other 9\n";
-        assert_eq!(prom_sum(text, "x_total", &[]), 5.0);
-        assert_eq!(prom_sum(text, "x_total", &["reason=\"b\""]), 3.0);
-        assert_eq!(prom_sum(text, "missing", &[]), 0.0);
     }
 }

@@ -6,16 +6,15 @@
 //! and started again on the same port).
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Read};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
+use tokentrace_testkit::rotel;
 
 /// What every collector life received, together.
 pub struct Seen {
@@ -48,24 +47,6 @@ impl Seen {
     }
 }
 
-/// rotel's binary, inside the `rotel` Python package.
-pub fn binary(python: &Path) -> Result<PathBuf> {
-    let out = Command::new(python)
-        .args([
-            "-c",
-            "import os, rotel; print(os.path.join(os.path.dirname(rotel.__file__), 'rotel-agent'))",
-        ])
-        .output()
-        .with_context(|| format!("running {}", python.display()))?;
-    if !out.status.success() {
-        bail!(
-            "the rotel collector is not installed (`cargo xtask deps` installs rotel==0.0.1a15): {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
-}
-
 /// A running collector.
 pub struct Collector {
     child: Child,
@@ -82,52 +63,25 @@ impl Collector {
         seen: &Arc<Seen>,
     ) -> Result<Collector> {
         let pid_file = std::env::temp_dir().join(format!("tokentrace-soak-rotel-{grpc_port}.pid"));
-        let mut child = Command::new(bin)
-            .args(["start", "--exporter", "blackhole"])
-            .args(["--otlp-grpc-endpoint", &format!("127.0.0.1:{grpc_port}")])
-            .args(["--otlp-http-endpoint", &format!("127.0.0.1:{http_port}")])
-            .args(["--debug-log", "traces", "--debug-log-verbosity", "detailed"])
-            // Printed as received: nothing acknowledged is still in a batch
-            // when the collector is taken down.
-            .arg("--disable-batching")
-            .arg("--pid-file")
-            .arg(&pid_file)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        let mut readers = Vec::new();
-        let streams: [Option<Box<dyn Read + Send>>; 2] = [
-            child
-                .stdout
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-            child
-                .stderr
-                .take()
-                .map(|s| Box::new(s) as Box<dyn Read + Send>),
-        ];
-        for stream in streams.into_iter().flatten() {
-            let seen = Arc::clone(seen);
-            readers.push(thread::spawn(move || {
-                let mut parser = SpanParser::default();
-                for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                    parser.line(&line, &seen);
-                }
-                parser.finish(&seen);
-            }));
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while TcpStream::connect(("127.0.0.1", grpc_port)).is_err() {
-            if let Some(st) = child.try_wait()? {
-                bail!("rotel exited ({st}) before listening on {grpc_port}");
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                bail!("rotel is not listening on {grpc_port} after 20 s");
-            }
-            thread::sleep(Duration::from_millis(50));
+        // Printed as received (--disable-batching): nothing acknowledged is
+        // still in a batch when the collector is taken down.
+        let mut child = rotel::command(
+            bin,
+            grpc_port,
+            http_port,
+            &["traces"],
+            &["--disable-batching"],
+            &pid_file,
+        )
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+        let readers = rotel::read_output(&mut child, || SpanCounter {
+            parser: SpanParser::default(),
+            seen: Arc::clone(seen),
+        });
+        if let Err(e) = rotel::wait_listening(&mut child, &[grpc_port], Duration::from_secs(20)) {
+            let _ = child.kill();
+            return Err(e);
         }
         Ok(Collector {
             child,
@@ -153,6 +107,22 @@ impl Drop for Collector {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// One output stream of the collector, its spans counted into `seen`.
+struct SpanCounter {
+    parser: SpanParser,
+    seen: Arc<Seen>,
+}
+
+impl rotel::LineSink for SpanCounter {
+    fn line(&mut self, line: &str) {
+        self.parser.line(line, &self.seen);
+    }
+
+    fn end(&mut self) {
+        self.parser.finish(&self.seen);
     }
 }
 

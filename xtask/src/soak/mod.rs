@@ -200,7 +200,7 @@ pub fn run(args: &[String]) -> Result<()> {
         }
     };
     let python = server::real_python()?;
-    let rotel = collector::binary(&python)?;
+    let rotel = tokentrace_testkit::rotel::binary(&python)?;
     let run = soak(&opts, &agent_bin, &python, &rotel)?;
     let (json, text, pass) = report::build(&run);
     let dir = util::target_dir().join("soak");

@@ -6,7 +6,6 @@ use std::fmt::Write as _;
 
 use serde_json::{json, Value};
 
-use super::agent::prom_sum;
 use super::load::{trace_id, Sent};
 use super::measure::{
     coverage, delivery_windows, pooled_slope_mib_per_hour, slope_mib_per_hour, Gap, Window,
@@ -14,6 +13,7 @@ use super::measure::{
 use super::outage;
 use super::sampler::Sample;
 use super::{Restart, Run};
+use tokentrace_testkit::otel::prom_sum;
 
 /// How long before an outage a reported request may still miss it: the
 /// agent's `batch_timeout` (500 ms) plus the export round trip, doubled.

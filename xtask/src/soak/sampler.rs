@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use super::agent::{prom_sum, rss_kib, scrape};
+use super::agent::{rss_kib, scrape};
+use tokentrace_testkit::otel::prom_sum;
 
 /// The lock the project's developers hold around root test runs.
 const ROOT_TESTS_LOCK: &str = "/tmp/tokentrace-root-tests.lock";
