@@ -6,6 +6,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
 
 /// Nanoseconds of `CLOCK_MONOTONIC`, the clock `bpf_ktime_get_ns` reads.
 pub type MonoNs = u64;
@@ -115,7 +116,9 @@ impl SockAddrs {
 pub struct DataEvent {
     pub conn: ConnId,
     pub tid: u32,
-    pub comm: String,
+    /// Shared, not owned: every record carries its process's name, and a
+    /// stream's records are one process's (see `ingest::decode`).
+    pub comm: Arc<str>,
     /// When the syscall was entered. For egress this is the moment the
     /// process handed the bytes over: the emit time of a token.
     pub ts_enter: MonoNs,

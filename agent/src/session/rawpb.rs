@@ -241,7 +241,7 @@ impl From<&event::Event> for Event {
             event::Event::Data(d) => Kind::Data(Data {
                 conn: Some(conn_id(d.conn)),
                 tid: d.tid,
-                comm: d.comm.clone(),
+                comm: d.comm.to_string(),
                 ts_enter_ns: d.ts_enter,
                 ts_exit_ns: d.ts_exit,
                 direction: match d.direction {
@@ -337,7 +337,7 @@ impl TryFrom<Event> for event::Event {
             Kind::Data(d) => event::Event::Data(event::DataEvent {
                 conn: from_conn_id(d.conn)?,
                 tid: d.tid,
-                comm: d.comm,
+                comm: d.comm.into(),
                 ts_enter: d.ts_enter_ns,
                 ts_exit: d.ts_exit_ns,
                 ingress: d.ingress_ns,

@@ -178,7 +178,7 @@ impl Connection {
             self.addrs = ev.addrs;
         }
         if self.comm.is_empty() {
-            self.comm.clone_from(&ev.comm);
+            self.comm.push_str(&ev.comm);
         }
         let io = Io::of(ev);
         if io.is_empty() {

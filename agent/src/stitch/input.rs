@@ -225,7 +225,7 @@ mod tests {
             payload: payload.to_vec(),
             conn: crate::event::ConnId::default(),
             tid: 1,
-            comm: String::new(),
+            comm: "".into(),
             call: crate::event::IoCall::Read,
             addrs: None,
             tcp: None,

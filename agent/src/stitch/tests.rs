@@ -104,7 +104,7 @@ impl Sim {
         self.push(Event::Data(DataEvent {
             conn,
             tid: PID + 1,
-            comm: COMM.to_owned(),
+            comm: COMM.into(),
             ts_enter,
             ts_exit,
             ingress,

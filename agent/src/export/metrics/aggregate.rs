@@ -349,7 +349,19 @@ impl Metrics {
         }
     }
 
-    pub(super) fn observe(&mut self, which: Latency, key: &SeriesKey, seconds: f64) {
+    /// Adds `values` (seconds) to the `which` histogram of `key`: one key
+    /// clone and one lookup for all of them (a stream's inter-token gaps
+    /// are hundreds per request).
+    pub(super) fn observe(
+        &mut self,
+        which: Latency,
+        key: &SeriesKey,
+        values: impl IntoIterator<Item = f64>,
+    ) {
+        let mut values = values.into_iter().peekable();
+        if values.peek().is_none() {
+            return;
+        }
         let series = self.series.entry(which).or_default();
         let full_key = (which, key.clone());
         let slot = if self.latency.contains_key(&full_key) || *series < self.max_series {
@@ -358,13 +370,13 @@ impl Metrics {
             *self.latency_overflowed.entry(which).or_default() += 1;
             (which, SeriesKey::overflow(&key.service))
         };
-        self.latency
-            .entry(slot)
-            .or_insert_with(|| {
-                *series += 1;
-                Histogram::new(which.bounds())
-            })
-            .observe(seconds);
+        let histogram = self.latency.entry(slot).or_insert_with(|| {
+            *series += 1;
+            Histogram::new(which.bounds())
+        });
+        for seconds in values {
+            histogram.observe(seconds);
+        }
     }
 
     /// Records one reported request under its `labels`. TTFT and TPOT describe
@@ -408,31 +420,30 @@ impl Metrics {
                 .observe(stall.gap_ms / 1e3);
         }
         if t.is_stream() {
-            for &gap in &t.stats().itl_ns {
-                self.observe(Latency::InterToken, &key, secs(gap));
-            }
+            let gaps = t.stats().itl_ns.iter().map(|&gap| secs(gap));
+            self.observe(Latency::InterToken, &key, gaps);
         }
         if let Some(engine) = &t.engine {
             if let Some(q) = engine.queue_ms {
-                self.observe(Latency::EngineQueue, &key, q / 1e3);
+                self.observe(Latency::EngineQueue, &key, [q / 1e3]);
             }
             if let Some(p) = engine.prefill_ms {
-                self.observe(Latency::EnginePrefill, &key, p / 1e3);
+                self.observe(Latency::EnginePrefill, &key, [p / 1e3]);
             }
         }
         let e2e = t.e2e_ns();
-        self.observe(Latency::RequestDuration, &key, secs(e2e));
+        self.observe(Latency::RequestDuration, &key, [secs(e2e)]);
         if t.aborted {
             return;
         }
         let Some(ttft) = t.ttft_ns() else { return };
-        self.observe(Latency::TimeToFirstToken, &key, secs(ttft));
+        self.observe(Latency::TimeToFirstToken, &key, [secs(ttft)]);
         let chunks = t.chunk_ts.len() as u64;
         if t.is_stream() && chunks >= 2 {
             self.observe(
                 Latency::TimePerOutputToken,
                 &key,
-                secs(e2e.saturating_sub(ttft)) / (chunks - 1) as f64,
+                [secs(e2e.saturating_sub(ttft)) / (chunks - 1) as f64],
             );
         }
     }

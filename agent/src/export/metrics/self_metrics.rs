@@ -252,7 +252,7 @@ mod tests {
             overflow: false,
         };
         for model in ["a", "b", "c", "d", "a"] {
-            m.observe(Latency::RequestDuration, &key(model), 0.1);
+            m.observe(Latency::RequestDuration, &key(model), [0.1]);
         }
         let counts: Vec<(Option<String>, bool, u64)> = m
             .latency
