@@ -241,7 +241,14 @@ fn run_thread(
             tracing::error!("reading the ring buffer failed: {err}");
             break;
         }
-        let ready_events = std::mem::take(&mut *batch.borrow_mut());
+        // The next batch starts at this one's size: grown from empty, a
+        // batch of thousands of records was reallocated and moved a dozen
+        // times per pass.
+        let ready_events = {
+            let mut batch = batch.borrow_mut();
+            let room = batch.len();
+            std::mem::replace(&mut *batch, Vec::with_capacity(room))
+        };
         if !ready_events.is_empty() {
             let delivered = deliver(
                 events,

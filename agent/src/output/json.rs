@@ -205,8 +205,17 @@ impl<'a> JsonTimeline<'a> {
     }
 
     pub fn to_line(&self) -> String {
-        // Serialising plain fields of owned/borrowed data cannot fail.
-        serde_json::to_string(self).unwrap_or_else(|err| format!("{{\"error\":\"{err}\"}}"))
+        // Sized up front: a streamed response's two per-chunk arrays are
+        // most of the line (~10 bytes a number), and growing to them
+        // copied the line over and over.
+        let numbers = self.chunk_offsets_ms.len() + self.itl_ms.len();
+        let mut line = Vec::with_capacity(1024 + 12 * numbers);
+        // Serialising plain fields of owned/borrowed data cannot fail, and
+        // serde_json writes valid UTF-8.
+        match serde_json::to_writer(&mut line, self) {
+            Ok(()) => String::from_utf8(line).unwrap_or_default(),
+            Err(err) => format!("{{\"error\":\"{err}\"}}"),
+        }
     }
 }
 
