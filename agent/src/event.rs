@@ -6,7 +6,6 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::Arc;
 
 /// Nanoseconds of `CLOCK_MONOTONIC`, the clock `bpf_ktime_get_ns` reads.
 pub type MonoNs = u64;
@@ -111,14 +110,87 @@ impl SockAddrs {
     }
 }
 
+/// A process name as the kernel keeps it (`TASK_COMM_LEN`: 15 bytes and a
+/// NUL), held inline: every data record carries one, and a heap string per
+/// record was a tenth of the agent's time under a flood (a shared one
+/// moved the cost to its count, bounced between the decoding and the
+/// stitching thread).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub struct ProcessName {
+    bytes: [u8; ProcessName::MAX],
+    len: u8,
+}
+
+impl ProcessName {
+    /// The longest name the kernel records, in bytes.
+    pub const MAX: usize = 15;
+
+    /// `name`, cut at a character boundary to [`Self::MAX`] bytes.
+    pub fn new(name: &str) -> Self {
+        let mut len = name.len().min(Self::MAX);
+        while !name.is_char_boundary(len) {
+            len -= 1;
+        }
+        let mut bytes = [0; Self::MAX];
+        bytes[..len].copy_from_slice(&name.as_bytes()[..len]);
+        Self {
+            bytes,
+            len: len as u8,
+        }
+    }
+
+    /// A NUL-terminated kernel `comm`; lossy when it is not UTF-8.
+    pub fn from_kernel(raw: &[i8]) -> Self {
+        let len = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
+        let mut bytes = [0u8; 16];
+        for (dst, &src) in bytes.iter_mut().zip(&raw[..len.min(16)]) {
+            *dst = src as u8;
+        }
+        let raw = &bytes[..len.min(16)];
+        match std::str::from_utf8(raw) {
+            Ok(name) => Self::new(name),
+            Err(_) => Self::new(&String::from_utf8_lossy(raw)),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        // Valid by construction: a prefix of a str cut at a boundary.
+        std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
+    }
+}
+
+impl std::ops::Deref for ProcessName {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Debug for ProcessName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl From<&str> for ProcessName {
+    fn from(name: &str) -> Self {
+        Self::new(name)
+    }
+}
+
+impl From<String> for ProcessName {
+    fn from(name: String) -> Self {
+        Self::new(&name)
+    }
+}
+
 /// Bytes moved by one read- or write-family syscall on a TCP socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DataEvent {
     pub conn: ConnId,
     pub tid: u32,
-    /// Shared, not owned: every record carries its process's name, and a
-    /// stream's records are one process's (see `ingest::decode`).
-    pub comm: Arc<str>,
+    pub comm: ProcessName,
     /// When the syscall was entered. For egress this is the moment the
     /// process handed the bytes over: the emit time of a token.
     pub ts_enter: MonoNs,
@@ -416,5 +488,41 @@ impl Event {
             Event::PeerClosed(p) => p.ts,
             Event::TlsHandshake(h) => h.ts,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProcessName;
+
+    fn kernel(name: &[u8]) -> [i8; 16] {
+        let mut raw = [0i8; 16];
+        for (dst, &src) in raw.iter_mut().zip(name) {
+            *dst = src as i8;
+        }
+        raw
+    }
+
+    #[test]
+    fn process_names_stop_at_the_nul_and_keep_what_the_kernel_keeps() {
+        assert_eq!(&*ProcessName::from_kernel(&kernel(b"python3")), "python3");
+        // A comm the kernel cut at 15 bytes, then its NUL.
+        let long = ProcessName::from_kernel(&kernel(b"vllm-engine-cor"));
+        assert_eq!(long.as_str(), "vllm-engine-cor");
+        assert_eq!(ProcessName::from_kernel(&[0; 16]).as_str(), "");
+    }
+
+    #[test]
+    fn process_names_are_cut_at_a_character_boundary() {
+        // 14 ASCII bytes, then a 2-byte character that does not fit.
+        let name = ProcessName::new("abcdefghijklmné");
+        assert_eq!(name.as_str(), "abcdefghijklmn");
+        assert_eq!(ProcessName::from("x".repeat(40)).len(), ProcessName::MAX);
+    }
+
+    #[test]
+    fn invalid_utf8_comms_are_replaced_not_dropped() {
+        let name = ProcessName::from_kernel(&kernel(b"ab\xffcd"));
+        assert_eq!(name.as_str(), "ab\u{fffd}cd");
     }
 }

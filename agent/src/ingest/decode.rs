@@ -3,9 +3,6 @@
 //! Record layouts come from the types libbpf-cargo generated from
 //! `events.h`; nothing here restates them.
 
-use std::cell::RefCell;
-use std::sync::Arc;
-
 use thiserror::Error;
 use tokentrace_probes::infer::types::{
     tt_cuda_sync, tt_cuda_sync_event, tt_llm_probe, tt_offcpu_event, tt_usdt_event,
@@ -18,7 +15,7 @@ use tokentrace_probes::sock::types::{
 use crate::event::{
     ConnEvent, ConnId, CudaSyncCall, CudaSyncEvent, DataEvent, Direction, Event, IngressMark,
     IoCall, LibraryMapped, ListenEvent, LlmProbe, OffCpuEvent, PeerClose, PeerClosedEvent,
-    ProcEvent, SendHoldEvent, SockAddrs, TcpSendState, TlsHandshakeEvent, UsdtEvent,
+    ProcEvent, ProcessName, SendHoldEvent, SockAddrs, TcpSendState, TlsHandshakeEvent, UsdtEvent,
 };
 
 /// Why a record could not be decoded. Each one is counted, never fatal.
@@ -59,23 +56,6 @@ fn comm(raw: &[i8]) -> String {
     let bytes: Vec<u8> = raw[..len].iter().map(|&c| c as u8).collect();
     String::from_utf8(bytes)
         .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned())
-}
-
-/// The process name of a data record, shared with the previous record's
-/// when it is the same name: a flood is one process's records, and an
-/// allocation per record was a tenth of the agent's time.
-fn shared_comm(raw: &[i8; 16]) -> Arc<str> {
-    thread_local! {
-        static LAST: RefCell<Option<([i8; 16], Arc<str>)>> = const { RefCell::new(None) };
-    }
-    LAST.with_borrow_mut(|last| match last {
-        Some((bytes, name)) if bytes == raw => Arc::clone(name),
-        _ => {
-            let name: Arc<str> = comm(raw).into();
-            *last = Some((*raw, Arc::clone(&name)));
-            name
-        }
-    })
 }
 
 fn addrs(raw: &tt_sock_addrs) -> Option<SockAddrs> {
@@ -347,7 +327,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
             sock_ino: raw.sock_ino,
         },
         tid: raw.hdr.tid,
-        comm: shared_comm(&raw.hdr.comm),
+        comm: ProcessName::from_kernel(&raw.hdr.comm),
         ts_enter: raw.ts_enter_ns,
         ts_exit: raw.hdr.ts_ns,
         ingress: nonzero(raw.ingress_ns),

@@ -14,8 +14,7 @@ use crate::event::{Event, MonoNs};
 pub fn event_bytes(event: &Event) -> usize {
     std::mem::size_of::<Event>()
         + match event {
-            // The name is shared between records: counted as if it were not.
-            Event::Data(d) => d.payload.capacity() + d.comm.len(),
+            Event::Data(d) => d.payload.capacity(),
             Event::Accept(c) | Event::Close(c) => c.comm.capacity(),
             Event::Exec(p) | Event::Exit(p) | Event::Fork(p) => {
                 p.comm.capacity() + p.filename.capacity()
