@@ -75,7 +75,9 @@ static __always_inline int submit_staged(struct data_scratch *s, __u32 captured)
 	captured = verifier_mask(captured, LEN_MASK);
 	s->ev.captured = captured;
 	__u64 size = sizeof(struct tt_data_event) + captured;
-	if (bpf_ringbuf_output(&events, s, size, wakeup_flags()))
+	/* Not written yet: the unread count is without it. */
+	__u64 unread = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) + ring_room(size);
+	if (bpf_ringbuf_output(&events, s, size, wakeup_for(unread, size)))
 		__sync_fetch_and_add(&ringbuf_drops, 1);
 	return 0;
 }
@@ -86,7 +88,8 @@ static __always_inline int submit_staged(struct data_scratch *s, __u32 captured)
 static __always_inline int submit_direct(struct data_out *o, struct tt_data_event *e, __u32 captured)
 {
 	e->captured = captured;
-	bpf_ringbuf_submit_dynptr(&o->dp, wakeup_flags());
+	/* Reserved with room for `captured` bytes unless a copy faulted. */
+	bpf_ringbuf_submit_dynptr(&o->dp, wakeup_flags(DATA_HDR + captured));
 	return 0;
 }
 

@@ -64,7 +64,7 @@ int llm_probe(struct pt_regs *ctx)
 		if (first_int + i < nargs && bpf_usdt_arg(ctx, first_int + i, &value) == 0)
 			e->args[i] = value;
 	}
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }
 
@@ -221,7 +221,7 @@ int BPF_URETPROBE(cuda_sync_exit)
 		e->graph_launches = __sync_lock_test_and_set(&work->graph_launches, 0);
 		e->memcpy_bytes = __sync_lock_test_and_set(&work->memcpy_bytes, 0);
 	}
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }
 
@@ -304,6 +304,6 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->syscall = s.syscall;
 	e->state = s.state;
 	e->in_cuda_sync = s.in_cuda_sync;
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }

@@ -433,7 +433,7 @@ static __always_inline int emit_conn(__u32 kind, int fd)
 	e->reason = 0;
 	e->start_ns = established;
 	fill_addrs(sk, &e->addrs);
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	/* The client left while the connection waited to be accepted: said
 	 * after the accept (timed now), so the connection exists for it. */
 	if (st && st->pending_close) {
@@ -650,7 +650,7 @@ static __always_inline int walk_handshake(__u64 ssl, __s32 fd, struct sock *sk, 
 	e->reason = 0;
 	e->start_ns = w->hello_ns;
 	fill_addrs(sk, &e->addrs);
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }
 
@@ -693,7 +693,7 @@ static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last
 		fill_addrs(sk, &e->addrs);
 	else
 		__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }
 
@@ -854,7 +854,7 @@ int BPF_UPROBE(ssl_free_enter)
 	e->reason = 0;
 	e->start_ns = 0;
 	__builtin_memset(&e->addrs, 0, sizeof(e->addrs));
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }
 

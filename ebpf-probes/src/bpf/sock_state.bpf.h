@@ -400,7 +400,7 @@ static __always_inline void release_hold(struct sock_state *st, struct sock *sk,
 	e->write_ts_ns = h.write_ts;
 	e->held_bytes = h.unsent;
 	e->_pad = 0;
-	bpf_ringbuf_submit(e, wakeup_flags());
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 }
 
 /* The peer ended the connection: reported for the owner (softirq context:
