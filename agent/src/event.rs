@@ -139,20 +139,6 @@ impl ProcessName {
         }
     }
 
-    /// A NUL-terminated kernel `comm`; lossy when it is not UTF-8.
-    pub fn from_kernel(raw: &[i8]) -> Self {
-        let len = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
-        let mut bytes = [0u8; 16];
-        for (dst, &src) in bytes.iter_mut().zip(&raw[..len.min(16)]) {
-            *dst = src as u8;
-        }
-        let raw = &bytes[..len.min(16)];
-        match std::str::from_utf8(raw) {
-            Ok(name) => Self::new(name),
-            Err(_) => Self::new(&String::from_utf8_lossy(raw)),
-        }
-    }
-
     pub fn as_str(&self) -> &str {
         // Valid by construction: a prefix of a str cut at a boundary.
         std::str::from_utf8(&self.bytes[..usize::from(self.len)]).unwrap_or_default()
@@ -495,34 +481,11 @@ impl Event {
 mod tests {
     use super::ProcessName;
 
-    fn kernel(name: &[u8]) -> [i8; 16] {
-        let mut raw = [0i8; 16];
-        for (dst, &src) in raw.iter_mut().zip(name) {
-            *dst = src as i8;
-        }
-        raw
-    }
-
-    #[test]
-    fn process_names_stop_at_the_nul_and_keep_what_the_kernel_keeps() {
-        assert_eq!(&*ProcessName::from_kernel(&kernel(b"python3")), "python3");
-        // A comm the kernel cut at 15 bytes, then its NUL.
-        let long = ProcessName::from_kernel(&kernel(b"vllm-engine-cor"));
-        assert_eq!(long.as_str(), "vllm-engine-cor");
-        assert_eq!(ProcessName::from_kernel(&[0; 16]).as_str(), "");
-    }
-
     #[test]
     fn process_names_are_cut_at_a_character_boundary() {
         // 14 ASCII bytes, then a 2-byte character that does not fit.
         let name = ProcessName::new("abcdefghijklmné");
         assert_eq!(name.as_str(), "abcdefghijklmn");
         assert_eq!(ProcessName::from("x".repeat(40)).len(), ProcessName::MAX);
-    }
-
-    #[test]
-    fn invalid_utf8_comms_are_replaced_not_dropped() {
-        let name = ProcessName::from_kernel(&kernel(b"ab\xffcd"));
-        assert_eq!(name.as_str(), "ab\u{fffd}cd");
     }
 }

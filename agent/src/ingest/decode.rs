@@ -48,14 +48,32 @@ fn read<T: plain::Plain + Default + Copy>(
     Ok(value)
 }
 
+/// A kernel string up to its NUL (all of `raw` without one).
+fn until_nul(raw: &[i8]) -> &[i8] {
+    &raw[..raw.iter().position(|&c| c == 0).unwrap_or(raw.len())]
+}
+
 /// A NUL-terminated kernel string; one allocation when it is valid UTF-8
 /// (the usual case), lossy otherwise.
 fn comm(raw: &[i8]) -> String {
-    let len = raw.iter().position(|&c| c == 0).unwrap_or(raw.len());
     // A slice map: allocated once at its exact size.
-    let bytes: Vec<u8> = raw[..len].iter().map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = until_nul(raw).iter().map(|&c| c as u8).collect();
     String::from_utf8(bytes)
         .unwrap_or_else(|invalid| String::from_utf8_lossy(invalid.as_bytes()).into_owned())
+}
+
+/// A data record's process name, without an allocation when it is valid
+/// UTF-8 (the usual case; see [`ProcessName`]), lossy otherwise.
+fn process_name(raw: &[i8; 16]) -> ProcessName {
+    let name = until_nul(raw);
+    let mut bytes = [0u8; 16];
+    for (dst, &src) in bytes.iter_mut().zip(name) {
+        *dst = src as u8;
+    }
+    match std::str::from_utf8(&bytes[..name.len()]) {
+        Ok(valid) => ProcessName::new(valid),
+        Err(_) => ProcessName::new(&comm(raw)),
+    }
 }
 
 fn addrs(raw: &tt_sock_addrs) -> Option<SockAddrs> {
@@ -327,7 +345,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
             sock_ino: raw.sock_ino,
         },
         tid: raw.hdr.tid,
-        comm: ProcessName::from_kernel(&raw.hdr.comm),
+        comm: process_name(&raw.hdr.comm),
         ts_enter: raw.ts_enter_ns,
         ts_exit: raw.hdr.ts_ns,
         ingress: nonzero(raw.ingress_ns),
@@ -349,6 +367,29 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn kernel_comm(name: &[u8]) -> [i8; 16] {
+        let mut raw = [0i8; 16];
+        for (dst, &src) in raw.iter_mut().zip(name) {
+            *dst = src as i8;
+        }
+        raw
+    }
+
+    #[test]
+    fn process_names_stop_at_the_nul_and_keep_what_the_kernel_keeps() {
+        assert_eq!(&*process_name(&kernel_comm(b"python3")), "python3");
+        // A comm the kernel cut at 15 bytes, then its NUL.
+        let long = process_name(&kernel_comm(b"vllm-engine-cor"));
+        assert_eq!(long.as_str(), "vllm-engine-cor");
+        assert_eq!(process_name(&[0; 16]).as_str(), "");
+    }
+
+    #[test]
+    fn invalid_utf8_process_names_are_replaced_not_dropped() {
+        let name = process_name(&kernel_comm(b"ab\xffcd"));
+        assert_eq!(name.as_str(), "ab\u{fffd}cd");
+    }
 
     fn as_bytes<T: plain::Plain>(value: &T) -> Vec<u8> {
         // SAFETY: `T: Plain` is a repr(C) plain-old-data type; viewing it as
