@@ -102,6 +102,22 @@ fn root_stdlib_sse_framing_in_separate_writes() {
     );
 }
 
+/// The syscall hooks, the data path of kernels without the socket hooks'
+/// tracepoints (before 6.16), chosen here by hand: the same brackets hold.
+#[test]
+fn root_stdlib_sse_through_the_syscall_hooks() {
+    require_root("root_stdlib_sse_through_the_syscall_hooks");
+    scenario_with(
+        "stdlib http.server SSE, 3 writes per chunk, --data-hooks syscall",
+        ServerKind::Stdlib,
+        &[],
+        Selector::PidWith(&["--data-hooks", "syscall"]),
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
 #[test]
 fn root_fastapi_chunked_text_stream() {
     require_root("root_fastapi_chunked_text_stream");

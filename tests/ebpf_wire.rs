@@ -175,6 +175,13 @@ impl Drop for TlsDir {
 fn burst_into_a_sequential_server_is_timed_from_the_wire() {
     require_root("burst_into_a_sequential_server_is_timed_from_the_wire");
     let server = WireServer::start(&[]);
+    // Socket hooks date the accept by the server's first read (no accept()
+    // hook): the reference moves from accept()'s return to that read's.
+    let accepted_at = if socket_data_hooks() {
+        "t_read"
+    } else {
+        "t_accept"
+    };
     let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
     let capture = Capture::start(server.port);
     let mut clients = Vec::new();
@@ -244,7 +251,7 @@ fn burst_into_a_sequential_server_is_timed_from_the_wire() {
         wait.push(sw - ms_between(t_read, w_req));
         if let (Some(aw), Some(t_acc), Some(t_conn)) = (
             ms_field(a, "accept_wait_ms"),
-            u64_field(s, "t_accept"),
+            u64_field(s, accepted_at),
             u64_field(c, "t_connect"),
         ) {
             accept.push(aw - ms_between(t_acc, t_conn));
@@ -307,6 +314,13 @@ fn burst_into_a_sequential_server_is_timed_from_the_wire() {
 fn a_slow_accepter_shows_accept_wait() {
     require_root("a_slow_accepter_shows_accept_wait");
     let server = WireServer::start(&["--accept-delay-ms", "40"]);
+    // Socket hooks date the accept by the server's first read, which the
+    // server stamps on its return (`t_read`): the bracket's upper end.
+    let accepted_at = if socket_data_hooks() {
+        "t_read"
+    } else {
+        "t_accept"
+    };
     let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
     let clients = run_wire_client(
         server.port,
@@ -338,7 +352,7 @@ fn a_slow_accepter_shows_accept_wait() {
         // accept() returned between its own call and return: a bracket that
         // a preempted stamp only widens (under load a one-sided stamp was
         // seen 5+ ms late).
-        let at_most = ms_between(stamp(s, "t_accept"), stamp(c, "t_connect_call"));
+        let at_most = ms_between(stamp(s, accepted_at), stamp(c, "t_connect_call"));
         let at_least = ms_between(stamp(s, "t_accept_call"), stamp(c, "t_connect")).max(0.0);
         eprintln!("[test] {rid}: accept_wait {aw:.3} ms, client and server stamps bracket it in [{at_least:.3}, {at_most:.3}] ms");
         assert!(

@@ -12,8 +12,8 @@ use libbpf_rs::OpenObject;
 use tokentrace_probes::check::CheckSkelBuilder;
 
 use crate::probes::{
-    check_hits, ensure_tracefs, has_capability, try_uprobe, HostUprobes, TracefsState, UprobeMode,
-    UprobeModeSetting, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN,
+    check_hits, ensure_tracefs, has_capability, missing_socket_tracepoints, try_uprobe,
+    HostUprobes, TracefsState, UprobeMode, UprobeModeSetting, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN,
 };
 
 /// How much a missing feature matters.
@@ -159,6 +159,29 @@ fn btf() -> CheckLine {
             "use a kernel built with CONFIG_DEBUG_INFO_BTF=y (every major distribution since 2020)"
                 .into(),
         ),
+    }
+}
+
+/// Whether the data path can use the socket layer's tracepoints (what
+/// `--data-hooks auto` picks), or falls back to the syscall hooks.
+fn data_hooks() -> CheckLine {
+    let missing = missing_socket_tracepoints();
+    CheckLine {
+        name: "socket hooks",
+        ok: missing.is_empty(),
+        need: Need::Optional,
+        detail: if missing.is_empty() {
+            "tcp_sendmsg_locked, sock_send_length, sock_recv_length: the data path (--data-hooks \
+             auto) costs untraced processes nothing outside socket calls"
+                .into()
+        } else {
+            format!(
+                "no {} tracepoint: the data path uses the syscall hooks, which every syscall on \
+                 the host pays for",
+                missing.join(", ")
+            )
+        },
+        fix: Some("Linux 6.16 or later".into()),
     }
 }
 
@@ -320,6 +343,7 @@ pub fn run_checks() -> Vec<CheckLine> {
         Need::Required,
         "needs BTF (CONFIG_DEBUG_INFO_BTF) and Linux 5.5 or later",
     ));
+    lines.push(data_hooks());
     lines.extend(uprobe_lines());
     lines.push(probe_line(
         "kprobes",

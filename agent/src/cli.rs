@@ -105,6 +105,13 @@ pub struct RunArgs {
     #[arg(long, value_enum, env = "TOKENTRACE_UPROBE_MODE")]
     pub uprobe_mode: Option<crate::probes::UprobeModeSetting>,
 
+    /// Which hooks feed the data path (overrides capture.data_hooks): auto
+    /// picks the socket layer's tracepoints where the kernel has them
+    /// (Linux 6.16+), else the syscall hooks, which every syscall on the
+    /// host pays for.
+    #[arg(long, value_enum, env = "TOKENTRACE_DATA_HOOKS")]
+    pub data_hooks: Option<crate::probes::DataHooksSetting>,
+
     /// Go on (and say ready) when probes the traced processes need cannot
     /// be attached (discovery.allow_degraded); the ready line lists them.
     #[arg(long, env = "TOKENTRACE_ALLOW_DEGRADED")]

@@ -81,6 +81,7 @@ pub async fn record(args: RecordArgs) -> Result<()> {
         capture_bytes: args.capture_bytes,
         uprobes_all_processes: false,
         uprobe_mode: None,
+        data_hooks: None,
         allow_degraded: false,
         export: Box::default(),
         k8s: Box::default(),

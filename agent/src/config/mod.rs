@@ -83,6 +83,9 @@ pub struct CaptureConfig {
     pub ring_buffer_bytes: u32,
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
+    /// Which hooks feed the data path (`auto`: the socket layer's
+    /// tracepoints where the kernel has them, else the syscall hooks).
+    pub data_hooks: crate::probes::DataHooksSetting,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -10,6 +10,7 @@ use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBuffer
 use tokentrace_probes::sock::{types, SockSkel, SockSkelBuilder};
 
 use super::attach::{self, Attached};
+use super::data_hooks::{select_data_programs, DataHooks};
 use super::uprobe_mode::UprobeMode;
 use crate::discover::libraries::Site;
 
@@ -38,6 +39,8 @@ pub struct ProbeSettings {
     /// How uprobes (OpenSSL, CUDA) are attached; the programs are loaded
     /// for it.
     pub uprobe_mode: UprobeMode,
+    /// Which hooks feed the data path; only its programs are loaded.
+    pub data_hooks: DataHooks,
 }
 
 /// Loaded and attached socket probes. Dropping it detaches every program.
@@ -61,6 +64,7 @@ impl SockProbes {
 
         super::uprobe_mode::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
         select_iov_programs(open.open_object_mut());
+        select_data_programs(open.open_object_mut(), settings.data_hooks);
         let rodata = open
             .maps
             .rodata_data
@@ -72,6 +76,7 @@ impl SockProbes {
         rodata.hold_min_ns = settings.min_interval_ns;
         rodata.report_all_execs = settings.report_all_execs;
         rodata.report_listens = settings.report_listens;
+        rodata.socket_hooks = settings.data_hooks == DataHooks::Socket;
 
         let cpus = libbpf_rs::num_possible_cpus().context("counting possible CPUs")?;
         let cpus = u32::try_from(cpus).context("CPU count does not fit u32")?;
@@ -98,7 +103,9 @@ impl SockProbes {
         for program in skel.object_mut().progs_mut() {
             let section = program.section().to_string_lossy();
             if !program.autoload() {
-                continue; // the twin not loaded on this kernel (select_iov_programs)
+                // the twin not loaded on this kernel (select_iov_programs),
+                // the other data path (select_data_programs)
+                continue;
             }
             if section.starts_with("tracepoint/") || section.starts_with("tp_btf/") {
                 let link = program.attach().with_context(|| {

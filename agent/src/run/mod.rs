@@ -33,7 +33,8 @@ use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
 use crate::probes::{
-    ensure_tracefs, route_libbpf_logs, whom, HostUprobes, ProbeSettings, UprobeMode,
+    ensure_tracefs, missing_socket_tracepoints, route_libbpf_logs, whom, DataHooks, HostUprobes,
+    ProbeSettings, UprobeMode,
 };
 use crate::session::SessionHub;
 use crate::stitch::StitchStats;
@@ -114,6 +115,9 @@ fn validated(args: &RunArgs) -> Result<(Config, Selector)> {
     if let Some(mode) = args.uprobe_mode {
         config.discovery.uprobe_mode = mode;
     }
+    if let Some(hooks) = args.data_hooks {
+        config.capture.data_hooks = hooks;
+    }
     config.discovery.allow_degraded |= args.allow_degraded;
     config.validate()?;
     let selector = selector(args)?;
@@ -140,6 +144,18 @@ fn uprobe_mode(config: &Config) -> Result<UprobeMode> {
     Ok(mode)
 }
 
+/// The data path for this kernel and the configured setting.
+fn data_hooks(config: &Config) -> Result<DataHooks> {
+    let missing = missing_socket_tracepoints();
+    let hooks = config.capture.data_hooks.choose(&missing)?;
+    if missing.is_empty() {
+        tracing::info!("data hooks: {hooks}");
+    } else {
+        tracing::info!("data hooks: {hooks} (no {} tracepoint)", missing.join(", "));
+    }
+    Ok(hooks)
+}
+
 /// Loads the probes; the events they record go to `events_tx`.
 fn start_ingest(
     config: &Config,
@@ -157,6 +173,7 @@ fn start_ingest(
             report_all_execs: selector.exe.is_some() || selector.comm.is_some(),
             report_listens: selector.is_automatic() || !selector.ports.is_empty(),
             uprobe_mode,
+            data_hooks: data_hooks(config)?,
         },
         config.capture.poll_interval,
         events_tx,

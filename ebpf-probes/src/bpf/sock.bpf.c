@@ -325,83 +325,140 @@ static __always_inline int enter_msg(__u64 pid_tgid, int fd, __u64 msghdr, __u8 
 	return enter_io(pid_tgid, fd, (__u64)msg.msg_iov, msg.msg_iovlen ? msg.msg_iovlen : 1, call, direction);
 }
 
-static __always_inline int exit_io(long ret, const bool vec, const bool loop)
+/* A connection record of the current process for `sk` (its `fd`, inode
+ * `ino`); an accept's carries when the handshake completed (`st`). */
+static __always_inline void send_conn(__u32 kind, struct sock *sk, __u64 ino, int fd, struct sock_state *st)
 {
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct io_args *args = bpf_map_lookup_elem(&active_io, &pid_tgid);
+	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
+	if (!e) {
+		__sync_fetch_and_add(&ringbuf_drops, 1);
+		return;
+	}
+	fill_header(&e->hdr, kind);
+	e->sock_ino = ino;
+	e->fd = fd;
+	e->reason = 0;
+	e->start_ns = st ? st->established_ns : 0;
+	fill_addrs(sk, &e->addrs);
+	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
+	/* The client left while the connection waited to be accepted: said
+	 * after the accept (timed now), so the connection exists for it. */
+	if (kind == TT_EVENT_ACCEPT && st && st->pending_close) {
+		__u32 reason = st->pending_close;
+		st->pending_close = 0;
+		peer_closed(st, sk, reason);
+	}
+}
+
+/* Socket hooks (no accept() hook): the first call of a traced process on a
+ * connection that came in through a traced listener (state since the
+ * handshake, no owner yet) stands for its accept, reported before the
+ * call's own record and dated now: at or after accept() returned. */
+static __always_inline void accepted_by_first_io(struct sock *sk, __u64 ino, int fd)
+{
+	__u64 key = (__u64)sk;
+	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
+
+	if (!st || st->tgid || !st->established_ns)
+		return;
+	st = own_sock(sk, ino, fd);
+	if (st)
+		send_conn(TT_EVENT_ACCEPT, sk, ino, fd, st);
+}
+
+/* A data call of a traced thread returned `ret`: its record (or, inside an
+ * OpenSSL call, the SSL*'s tie to the socket). `a` comes from the syscall
+ * entry (syscall hooks) or from the user registers at the socket hook
+ * (socket hooks, see sock_hooks.bpf.h). `lazy_accept`: no accept() hook
+ * runs, so the first call of a process on a connection it accepted
+ * announces the accept (dated now, at or after accept() returned). */
+static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long ret, const bool vec, const bool loop,
+				   const bool lazy_accept)
+{
 	__u64 ino = 0;
 
-	if (!args)
-		return 0;
-	struct io_args a = *args;
-	bpf_map_delete_elem(&active_io, &pid_tgid);
 	if (ret <= 0) {
 		/* A write the peer refused: it is gone (reset, or closed and reset
 		 * by now). The socket's own hooks usually told already; this also
 		 * covers sockets whose RST came before they were tracked. */
-		if (a.direction == TT_DIR_EGRESS && (ret == -TT_EPIPE || ret == -TT_ECONNRESET)) {
-			struct sock *sk = tcp_sock_of_fd(a.fd, &ino);
-			struct sock_state *st = sk ? own_sock(sk, ino, a.fd) : NULL;
+		if (a->direction == TT_DIR_EGRESS && (ret == -TT_EPIPE || ret == -TT_ECONNRESET)) {
+			struct sock *sk = tcp_sock_of_fd(a->fd, &ino);
+			struct sock_state *st = sk ? own_sock(sk, ino, a->fd) : NULL;
 			if (st)
 				peer_closed(st, sk, ret == -TT_EPIPE ? TT_PEER_WRITE_EPIPE : TT_PEER_WRITE_ECONNRESET);
 		}
 		return 0;
 	}
-	struct sock *sk = tcp_sock_of_fd(a.fd, &ino);
+	struct sock *sk = tcp_sock_of_fd(a->fd, &ino);
 	if (!sk)
 		return 0;
-	struct sock_state *st = own_sock(sk, ino, a.fd);
+	if (lazy_accept)
+		accepted_by_first_io(sk, ino, a->fd);
+	struct sock_state *st = own_sock(sk, ino, a->fd);
 	__u64 ingress = 0, newest = 0;
-	if (a.direction == TT_DIR_INGRESS) {
+	if (a->direction == TT_DIR_INGRESS) {
 		if (st)
 			ingress = read_ingress(sk, st, ret, &newest);
-		note_read(pid_tgid, a.fd, ingress, newest, tls_like(&a));
+		note_read(pid_tgid, a->fd, ingress, newest, tls_like(a));
 		if (st)
-			tls_walk_read(sk, st, a.buf, a.iovcnt, ret);
+			tls_walk_read(sk, st, a->buf, a->iovcnt, ret);
 	}
 
 	struct ssl_call *in_ssl = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
 	if (in_ssl) {
 		/* Ciphertext of an OpenSSL call on this thread: remember which
 		 * socket the SSL* uses; the plaintext is reported by the uprobe. */
-		if (a.direction == TT_DIR_EGRESS && !in_ssl->first_write_after && a.ts_enter > in_ssl->ts_enter) {
-			__u64 after = a.ts_enter - in_ssl->ts_enter;
+		if (a->direction == TT_DIR_EGRESS && !in_ssl->first_write_after && a->ts_enter > in_ssl->ts_enter) {
+			__u64 after = a->ts_enter - in_ssl->ts_enter;
 			in_ssl->first_write_after = after > 0xffffffff ? 0xffffffff : after;
 		}
 		struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = in_ssl->ssl };
-		bpf_map_update_elem(&ssl_fds, &key, &a.fd, BPF_ANY);
+		bpf_map_update_elem(&ssl_fds, &key, &a->fd, BPF_ANY);
 		return 0;
 	}
 
 	/* sendfile's bytes come from a file, not a user buffer. */
 	__u32 limit = capture_bytes < (__u32)ret ? capture_bytes : (__u32)ret;
-	if (a.call == TT_IO_SENDFILE)
+	if (a->call == TT_IO_SENDFILE)
 		limit = 0;
 	struct data_out out;
 	struct tt_data_event *e = data_begin(&out, limit);
 	if (!e)
 		return 0;
 	fill_header(&e->hdr, TT_EVENT_DATA);
-	e->ts_enter_ns = a.ts_enter;
+	e->ts_enter_ns = a->ts_enter;
 	e->sock_ino = ino;
-	e->fd = a.fd;
+	e->fd = a->fd;
 	e->len = ret;
-	e->direction = a.direction;
-	e->call = a.call;
+	e->direction = a->direction;
+	e->call = a->call;
 	e->tcp_nodelay = 0;
 	e->unsent_bytes = 0;
 	e->ingress_ns = ingress;
 	e->nmarks = 0;
-	if (a.direction == TT_DIR_EGRESS)
-		note_unsent(st, sk, a.ts_enter, e);
+	if (a->direction == TT_DIR_EGRESS)
+		note_unsent(st, sk, a->ts_enter, e);
 	else
 		fill_ingress_marks(sk, st, ret, e);
 	fill_addrs(sk, &e->addrs);
 	/* Only readv/writev/recvmsg/sendmsg take iovecs (`vec`): the other
 	 * programs carry no iovec walk for the verifier to check. */
-	if (vec && a.iovcnt)
-		return data_iov(&out, e, a.buf, a.iovcnt, limit, loop);
-	return data_flat(&out, e, a.buf, limit);
+	if (vec && a->iovcnt)
+		return data_iov(&out, e, a->buf, a->iovcnt, limit, loop);
+	return data_flat(&out, e, a->buf, limit);
+}
+
+/* The exit of a data syscall whose entry was kept in `active_io`. */
+static __always_inline int exit_io(long ret, const bool vec, const bool loop)
+{
+	__u64 pid_tgid = bpf_get_current_pid_tgid();
+	struct io_args *args = bpf_map_lookup_elem(&active_io, &pid_tgid);
+
+	if (!args)
+		return 0;
+	struct io_args a = *args;
+	bpf_map_delete_elem(&active_io, &pid_tgid);
+	return io_done(pid_tgid, &a, ret, vec, loop, false);
 }
 
 /* ---- connection lifecycle ------------------------------------------------ */
@@ -412,35 +469,14 @@ static __always_inline int emit_conn(__u32 kind, int fd)
 	struct sock *sk = tcp_sock_of_fd(fd, &ino);
 	if (!sk)
 		return 0;
-	__u64 established = 0;
 	struct sock_state *st = NULL;
 	if (kind == TT_EVENT_ACCEPT) {
 		/* Its listener is a traced one from now on (one lookup when it
 		 * already is), and the connection is ours. */
 		mark_listener(sk);
 		st = own_sock(sk, ino, fd);
-		if (st)
-			established = st->established_ns;
 	}
-	struct tt_conn_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
-	if (!e) {
-		__sync_fetch_and_add(&ringbuf_drops, 1);
-		return 0;
-	}
-	fill_header(&e->hdr, kind);
-	e->sock_ino = ino;
-	e->fd = fd;
-	e->reason = 0;
-	e->start_ns = established;
-	fill_addrs(sk, &e->addrs);
-	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
-	/* The client left while the connection waited to be accepted: said
-	 * after the accept (timed now), so the connection exists for it. */
-	if (st && st->pending_close) {
-		__u32 reason = st->pending_close;
-		st->pending_close = 0;
-		peer_closed(st, sk, reason);
-	}
+	send_conn(kind, sk, ino, fd, st);
 	return 0;
 }
 
@@ -469,12 +505,8 @@ static __always_inline int enter_close(__u64 pid_tgid, int fd)
  * that autobinds reports port 0, a failing one is reported anyway; both
  * only make the agent look at a process). A traced process's listener is
  * marked for ingress timing either way (one lookup more per listen()). */
-static __always_inline int enter_listen(int fd, bool traced)
+static __always_inline int listening(struct sock *sk, bool traced)
 {
-	__u64 ino = 0;
-	struct sock *sk = tcp_sock_of_fd(fd, &ino);
-	if (!sk)
-		return 0;
 	if (traced)
 		mark_listener(sk);
 	if (!report_listens)
@@ -490,6 +522,14 @@ static __always_inline int enter_listen(int fd, bool traced)
 	e->_pad = 0;
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
+}
+
+static __always_inline int enter_listen(int fd, bool traced)
+{
+	__u64 ino = 0;
+	struct sock *sk = tcp_sock_of_fd(fd, &ino);
+
+	return sk ? listening(sk, traced) : 0;
 }
 
 /* ---- process lifecycle --------------------------------------------------- */
@@ -998,6 +1038,8 @@ int BPF_PROG(exit_syscall_compat, struct pt_regs *regs, long ret)
 	return exit_syscall_(regs, ret, false);
 }
 
+#include "sock_hooks.bpf.h"
+
 /* ---- softirq hooks on traced sockets (see sock_state.bpf.h) --------------
  * Each starts with an array load by local port (port_refs) and, on a port
  * that may be traced, one lookup; it returns there for a socket nobody
@@ -1025,11 +1067,14 @@ int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 /* Passive open completed (SYN_RECV -> ESTABLISHED, softirq, before any
  * accept): connections to a traced listener get state now, so bytes that
  * wait in the accept queue are dated. The peer's FIN on a traced
- * connection (ESTABLISHED -> CLOSE_WAIT) is reported. Other transitions
- * cost a comparison. */
+ * connection (ESTABLISHED -> CLOSE_WAIT) is reported. With socket hooks,
+ * listen() and close() are seen here too (owner_state_change). Other
+ * transitions cost a comparison. */
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(on_sock_state, struct sock *sk, int oldstate, int newstate)
 {
+	if (socket_hooks)
+		owner_state_change(sk, newstate);
 	if (oldstate == TT_TCP_SYN_RECV && newstate == TT_TCP_ESTABLISHED) {
 		struct port_ref *r = port_ref_of_btf(sk);
 		if (!r || !r->listener)
@@ -1090,9 +1135,12 @@ int BPF_PROG(on_tcp_destroy, struct sock *sk)
 	if (!r || !(r->listener | r->socks))
 		return 0;
 	__u64 key = (__u64)sk;
+	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
 
-	if (!bpf_map_lookup_elem(&sock_states, &key))
+	if (!st)
 		return 0;
+	if (socket_hooks)
+		closed_by_owner(sk, st);
 	bpf_map_delete_elem(&send_holds, &key);
 	if (!bpf_map_delete_elem(&sock_states, &key) && r->socks)
 		__sync_fetch_and_add(&r->socks, -1);

@@ -156,6 +156,23 @@ pub fn agent_bin() -> PathBuf {
     }
 }
 
+/// Whether an agent run with `--data-hooks auto` (the default) takes the
+/// socket hooks on this kernel, as `tokentrace check` says ("socket hooks
+/// ok"): then a connection's accept is dated by the server's first read or
+/// write on it, not by accept()'s return.
+pub fn socket_data_hooks() -> bool {
+    let out = std::process::Command::new(agent_bin())
+        .arg("check")
+        .output()
+        .expect("running tokentrace check");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("socket hooks"))
+        .unwrap_or_else(|| panic!("tokentrace check printed no socket hooks line:\n{text}"));
+    line["socket hooks".len()..].trim_start().starts_with("ok ")
+}
+
 /// Lines of a child's stream, kept for failure reports.
 #[derive(Clone, Default)]
 pub struct LogTail(Arc<Mutex<Vec<String>>>);
@@ -1644,6 +1661,8 @@ pub enum Selector {
     Pid,
     /// `--port <server port>`
     Port,
+    /// `--pid <server pid>` and these flags (e.g. `--data-hooks syscall`)
+    PidWith(&'static [&'static str]),
 }
 
 pub fn scenario_with(
@@ -1659,6 +1678,11 @@ pub fn scenario_with(
     let agent_args = match selector {
         Selector::Pid => Agent::for_pids(&[server.pid()]),
         Selector::Port => Agent::for_port(server.port),
+        Selector::PidWith(flags) => {
+            let mut args = Agent::for_pids(&[server.pid()]);
+            args.extend(flags.iter().map(|f| f.to_string()));
+            args
+        }
     };
     let mut agent = start_agent(&agent_args);
     let mut client: Vec<ClientRecord> = Vec::new();

@@ -1,0 +1,130 @@
+//! Root-only: which kernel programs feed the data path. With the socket
+//! hooks (`--data-hooks auto` on Linux 6.16+, or `socket`) the agent must
+//! hold no program on `sys_enter`/`sys_exit`, whose mere presence puts every
+//! syscall of every process on the slow path; with `--data-hooks syscall`
+//! it holds those and none of the socket hooks. Either way a streaming
+//! request is reported whole, its accept included.
+//!
+//! Run (as root; CI does):
+//!   cargo test -p tokentrace --test ebpf_data_hooks -- --test-threads=1 --nocapture
+
+use tokentrace_testkit as common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::Value;
+
+const SYSCALL_PROGRAMS: [&str; 2] = ["enter_syscall", "exit_syscall"];
+const SOCKET_PROGRAMS: [&str; 4] = [
+    "on_sendmsg_locke", // bpftool shows names cut at 15 characters
+    "on_send_length",
+    "on_recv_length",
+    "on_vm_unmapped_a",
+];
+
+/// Names of the BPF programs `pid` holds (as the kernel keeps them: at most
+/// 15 characters).
+fn program_names(pid: u32) -> BTreeSet<String> {
+    program_ids(pid)
+        .into_iter()
+        .map(|id| {
+            let out = Command::new("bpftool")
+                .args(["prog", "show", "id", &id.to_string(), "--json"])
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run bpftool (apt-get install bpftool): {e}"));
+            let show: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("bpftool prog show {id}: not JSON: {e}"));
+            str_field(&show, "name").unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Traces a stdlib SSE server with `flags`, sends a few streaming
+/// requests, and returns the names of the programs the agent held.
+fn programs_while_tracing(flags: &[&str]) -> BTreeSet<String> {
+    let server = start_server(ServerKind::Stdlib, &[]);
+    let mut args = Agent::for_pids(&[server.pid()]);
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let mut agent = start_agent(&args);
+    let names = program_names(agent.proc.pid());
+    let mut run = ClientRun::sse(3, 1, "hooks-");
+    run.tokens = 3; // 3 token events and the usage event: 4 chunks
+    let client = run_client(server.port, &run);
+    let all = paths(&client);
+    let missing = agent.wait_for_paths(&all, Duration::from_secs(20));
+    assert!(missing.is_empty(), "{flags:?}: not reported: {missing:?}");
+    for line in agent.values() {
+        assert_eq!(line.get("chunks").and_then(Value::as_u64), Some(4), "{flags:?}: {line}");
+        assert!(
+            line.get("ttft_ms").and_then(Value::as_f64).is_some_and(|t| t > 0.0),
+            "{flags:?}: {line}"
+        );
+    }
+    // The first request of the connection has its accept.
+    assert!(
+        agent
+            .values()
+            .iter()
+            .any(|l| l.get("accept_wait_ms").and_then(Value::as_f64).is_some()),
+        "{flags:?}: no request with accept_wait_ms: {:?}",
+        agent.values()
+    );
+    let stop = agent.stop();
+    assert!(stop.is_some_and(|s| s.success()), "{flags:?}: agent exit {stop:?}");
+    names
+}
+
+fn holds(names: &BTreeSet<String>, program: &str) -> bool {
+    names.iter().any(|n| n.starts_with(program))
+}
+
+#[test]
+fn root_one_data_path_is_loaded() {
+    require_root("root_one_data_path_is_loaded");
+    let socket = socket_data_hooks();
+    let auto = programs_while_tracing(&[]);
+    eprintln!("[test] socket hooks on this kernel: {socket}; auto loads {auto:?}");
+    let (loaded, absent): (&[&str], &[&str]) = if socket {
+        (&SOCKET_PROGRAMS, &SYSCALL_PROGRAMS)
+    } else {
+        (&SYSCALL_PROGRAMS, &SOCKET_PROGRAMS)
+    };
+    for p in loaded {
+        assert!(holds(&auto, p), "auto (socket hooks {socket}): {p} not loaded: {auto:?}");
+    }
+    for p in absent {
+        assert!(!holds(&auto, p), "auto (socket hooks {socket}): {p} loaded: {auto:?}");
+    }
+
+    let syscall = programs_while_tracing(&["--data-hooks", "syscall"]);
+    for p in SYSCALL_PROGRAMS {
+        assert!(holds(&syscall, p), "--data-hooks syscall: {p} not loaded: {syscall:?}");
+    }
+    for p in SOCKET_PROGRAMS {
+        assert!(!holds(&syscall, p), "--data-hooks syscall: {p} loaded: {syscall:?}");
+    }
+}
+
+/// Asking for the socket hooks where the kernel lacks them is refused with
+/// the tracepoints that are missing; where it has them, they are used.
+#[test]
+fn root_socket_hooks_asked_for_explicitly() {
+    require_root("root_socket_hooks_asked_for_explicitly");
+    if socket_data_hooks() {
+        let names = programs_while_tracing(&["--data-hooks", "socket"]);
+        for p in SOCKET_PROGRAMS {
+            assert!(holds(&names, p), "--data-hooks socket: {p} not loaded: {names:?}");
+        }
+        return;
+    }
+    let out = Command::new(agent_bin())
+        .args(["run", "--pid", "1", "--duration", "1s", "--data-hooks", "socket"])
+        .output()
+        .expect("running tokentrace run");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "--data-hooks socket ran on a kernel without them: {err}");
+    assert!(err.contains("6.16"), "{err}");
+}
