@@ -57,9 +57,15 @@ fn programs_while_tracing(flags: &[&str]) -> BTreeSet<String> {
     let missing = agent.wait_for_paths(&all, Duration::from_secs(20));
     assert!(missing.is_empty(), "{flags:?}: not reported: {missing:?}");
     for line in agent.values() {
-        assert_eq!(line.get("chunks").and_then(Value::as_u64), Some(4), "{flags:?}: {line}");
+        assert_eq!(
+            line.get("chunks").and_then(Value::as_u64),
+            Some(4),
+            "{flags:?}: {line}"
+        );
         assert!(
-            line.get("ttft_ms").and_then(Value::as_f64).is_some_and(|t| t > 0.0),
+            line.get("ttft_ms")
+                .and_then(Value::as_f64)
+                .is_some_and(|t| t > 0.0),
             "{flags:?}: {line}"
         );
     }
@@ -73,7 +79,10 @@ fn programs_while_tracing(flags: &[&str]) -> BTreeSet<String> {
         agent.values()
     );
     let stop = agent.stop();
-    assert!(stop.is_some_and(|s| s.success()), "{flags:?}: agent exit {stop:?}");
+    assert!(
+        stop.is_some_and(|s| s.success()),
+        "{flags:?}: agent exit {stop:?}"
+    );
     names
 }
 
@@ -93,18 +102,30 @@ fn root_one_data_path_is_loaded() {
         (&SYSCALL_PROGRAMS, &SOCKET_PROGRAMS)
     };
     for p in loaded {
-        assert!(holds(&auto, p), "auto (socket hooks {socket}): {p} not loaded: {auto:?}");
+        assert!(
+            holds(&auto, p),
+            "auto (socket hooks {socket}): {p} not loaded: {auto:?}"
+        );
     }
     for p in absent {
-        assert!(!holds(&auto, p), "auto (socket hooks {socket}): {p} loaded: {auto:?}");
+        assert!(
+            !holds(&auto, p),
+            "auto (socket hooks {socket}): {p} loaded: {auto:?}"
+        );
     }
 
     let syscall = programs_while_tracing(&["--data-hooks", "syscall"]);
     for p in SYSCALL_PROGRAMS {
-        assert!(holds(&syscall, p), "--data-hooks syscall: {p} not loaded: {syscall:?}");
+        assert!(
+            holds(&syscall, p),
+            "--data-hooks syscall: {p} not loaded: {syscall:?}"
+        );
     }
     for p in SOCKET_PROGRAMS {
-        assert!(!holds(&syscall, p), "--data-hooks syscall: {p} loaded: {syscall:?}");
+        assert!(
+            !holds(&syscall, p),
+            "--data-hooks syscall: {p} loaded: {syscall:?}"
+        );
     }
 }
 
@@ -116,15 +137,29 @@ fn root_socket_hooks_asked_for_explicitly() {
     if socket_data_hooks() {
         let names = programs_while_tracing(&["--data-hooks", "socket"]);
         for p in SOCKET_PROGRAMS {
-            assert!(holds(&names, p), "--data-hooks socket: {p} not loaded: {names:?}");
+            assert!(
+                holds(&names, p),
+                "--data-hooks socket: {p} not loaded: {names:?}"
+            );
         }
         return;
     }
     let out = Command::new(agent_bin())
-        .args(["run", "--pid", "1", "--duration", "1s", "--data-hooks", "socket"])
+        .args([
+            "run",
+            "--pid",
+            "1",
+            "--duration",
+            "1s",
+            "--data-hooks",
+            "socket",
+        ])
         .output()
         .expect("running tokentrace run");
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "--data-hooks socket ran on a kernel without them: {err}");
+    assert!(
+        !out.status.success(),
+        "--data-hooks socket ran on a kernel without them: {err}"
+    );
     assert!(err.contains("6.16"), "{err}");
 }

@@ -77,6 +77,7 @@ const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
                      [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel|top[,...]] [--agent PATH] \
+                     [--data-hooks auto|socket|syscall] \
                      | cargo xtask bench replay [...]";
 
 #[derive(Clone)]
@@ -123,6 +124,12 @@ fn parse(args: &[String]) -> Result<Options> {
             "--connections" => opts.connections = value.parse()?,
             "--launch-seconds" => opts.launch_seconds = value.parse()?,
             "--agent" => opts.agent = Some(value.into()),
+            "--data-hooks" => {
+                if !["auto", "socket", "syscall"].contains(&value) {
+                    bail!("--data-hooks: {value:?} is not auto, socket or syscall\n{USAGE}");
+                }
+                agent::use_data_hooks(value);
+            }
             "--only" => {
                 let only: Vec<&str> = value.split(',').map(str::trim).collect();
                 const SECTIONS: [&str; 9] = [

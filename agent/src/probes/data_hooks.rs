@@ -14,7 +14,7 @@
 
 use std::fmt;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use serde::Deserialize;
 
 /// The hooks a run's data path uses.
@@ -108,8 +108,13 @@ impl DataHooksSetting {
     }
 }
 
-/// Loads the programs of `hooks` and not the other data path's.
-pub(super) fn select_data_programs(object: &mut libbpf_rs::OpenObject, hooks: DataHooks) {
+/// Loads the programs of `hooks` and not the other data path's. With the
+/// syscall hooks the socket hooks' task storage (`send_starts`) is not
+/// created either: kernels before 5.11 have no task storage maps.
+pub(super) fn select_data_programs(
+    object: &mut libbpf_rs::OpenObject,
+    hooks: DataHooks,
+) -> anyhow::Result<()> {
     let other = match hooks {
         DataHooks::Socket => DataHooks::Syscall,
         DataHooks::Syscall => DataHooks::Socket,
@@ -120,6 +125,15 @@ pub(super) fn select_data_programs(object: &mut libbpf_rs::OpenObject, hooks: Da
             program.set_autoload(false);
         }
     }
+    if hooks == DataHooks::Syscall {
+        for mut map in object.maps_mut() {
+            if map.name() == "send_starts" {
+                map.set_autocreate(false)
+                    .context("leaving the socket hooks' send_starts map out")?;
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -64,7 +64,7 @@ impl SockProbes {
 
         super::uprobe_mode::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
         select_iov_programs(open.open_object_mut());
-        select_data_programs(open.open_object_mut(), settings.data_hooks);
+        select_data_programs(open.open_object_mut(), settings.data_hooks)?;
         let rodata = open
             .maps
             .rodata_data

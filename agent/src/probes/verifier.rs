@@ -98,7 +98,7 @@ fn load_with_stats<'obj, B: SkelBuilder<'obj>>(
             super::data_hooks::select_data_programs(
                 open.open_object_mut(),
                 super::data_hooks::DataHooks::Syscall,
-            );
+            )?;
         }
     }
     let programs = open

@@ -44,16 +44,19 @@
 const volatile bool socket_hooks = false;
 
 /* A traced thread's TCP send in flight, from its first tcp_sendmsg_locked
- * pass to sock_send_length. Only threads inside a send have one. */
+ * pass to sock_send_length (sk 0: none). Task-local storage: found through
+ * the task (no hash of the thread id), created on a traced thread's first
+ * send and freed with the thread. The agent does not create this map where
+ * it loads the syscall hooks (kernels before 5.11 have no task storage). */
 struct send_start {
 	__u64 ts;
 	__u64 sk;
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
 	__type(value, struct send_start);
 } send_starts SEC(".maps");
 
@@ -143,18 +146,16 @@ static __always_inline bool io_args_of_syscall(struct io_args *a, bool egress)
 SEC("tp_btf/tcp_sendmsg_locked")
 int BPF_PROG(on_sendmsg_locked, struct sock *sk, struct msghdr *msg, struct sk_buff *skb, int size_goal)
 {
-	if (!is_traced(bpf_get_current_task_btf()->tgid))
-		return 0;
-	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct send_start *in_flight = bpf_map_lookup_elem(&send_starts, &pid_tgid);
+	struct task_struct *task = bpf_get_current_task_btf();
 
-	if (in_flight && in_flight->sk == (__u64)sk)
+	if (!is_traced(task->tgid))
+		return 0;
+	struct send_start *start = bpf_task_storage_get(&send_starts, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+
+	if (!start || start->sk == (__u64)sk)
 		return 0; /* a later pass of the same send */
-	struct send_start start = {
-		.ts = bpf_ktime_get_ns(),
-		.sk = (__u64)sk,
-	};
-	bpf_map_update_elem(&send_starts, &pid_tgid, &start, BPF_ANY);
+	start->ts = bpf_ktime_get_ns();
+	start->sk = (__u64)sk;
 	return 0;
 }
 
@@ -162,16 +163,18 @@ int BPF_PROG(on_sendmsg_locked, struct sock *sk, struct msghdr *msg, struct sk_b
 SEC("tp_btf/sock_send_length")
 int BPF_PROG(on_send_length, struct sock *sk, int ret, int flags)
 {
-	if (!is_traced(bpf_get_current_task_btf()->tgid))
+	struct task_struct *task = bpf_get_current_task_btf();
+
+	if (!is_traced(task->tgid))
 		return 0;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
 	struct io_args a = {};
-	struct send_start *start = bpf_map_lookup_elem(&send_starts, &pid_tgid);
+	struct send_start *start = bpf_task_storage_get(&send_starts, task, 0, 0);
 
 	if (start) {
 		if (start->sk == (__u64)sk)
 			a.ts_enter = start->ts;
-		bpf_map_delete_elem(&send_starts, &pid_tgid);
+		start->sk = 0;
 	}
 	if (!inet_tcp(sk) || !io_args_of_syscall(&a, true))
 		return 0;

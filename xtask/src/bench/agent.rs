@@ -2,17 +2,48 @@
 //! [--log-level L] run <selector> --output json` with stdout discarded,
 //! waited for until it logs `tokentrace: ready`, its stderr kept for the
 //! section to look for attach lines and the closing summary, and stopped
-//! with SIGTERM.
+//! with SIGTERM. `cargo xtask bench --data-hooks H` runs every agent with
+//! `run --data-hooks H`.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::mpsc::Receiver;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
 use super::{lines_of, wait_for};
 use crate::util::{self, Guard};
+
+/// The `--data-hooks` every agent of this bench runs with (unset: the
+/// agent's default, auto).
+static DATA_HOOKS: OnceLock<String> = OnceLock::new();
+
+/// Runs every agent of this bench with `run --data-hooks hooks`.
+pub(super) fn use_data_hooks(hooks: &str) {
+    let _ = DATA_HOOKS.set(hooks.to_string());
+}
+
+/// The data path the agents run with: `socket` or `syscall`, as
+/// `--data-hooks` says or, for auto, as `tokentrace check` finds the kernel.
+pub(super) fn data_path(agent_bin: &Path) -> Result<&'static str> {
+    match DATA_HOOKS.get().map(String::as_str) {
+        Some("socket") => return Ok("socket"),
+        Some("syscall") => return Ok("syscall"),
+        _ => {}
+    }
+    let out = Command::new(agent_bin)
+        .arg("check")
+        .output()
+        .context("running tokentrace check")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let socket = text.lines().any(|l| {
+        l.strip_prefix("socket hooks")
+            .is_some_and(|rest| rest.trim_start().starts_with("ok "))
+    });
+    Ok(if socket { "socket" } else { "syscall" })
+}
 
 pub(super) struct TracingAgent {
     guard: Guard,
@@ -48,8 +79,11 @@ impl TracingAgent {
         if let Some(level) = log_level {
             cmd.args(["--log-level", level]);
         }
+        cmd.arg("run");
+        if let Some(hooks) = DATA_HOOKS.get() {
+            cmd.args(["--data-hooks", hooks]);
+        }
         let mut child = cmd
-            .arg("run")
             .args(selector)
             .args(["--output", "json"])
             .stdout(Stdio::null())
