@@ -743,6 +743,15 @@ fn root_container_check_under_runtime_default_and_podman_default_seccomp() {
             "{title}: no {line:?} under the DaemonSet's settings:\n{text}"
         );
     }
+    // Where the host's kernel has the socket hooks, the DaemonSet sees them
+    // too (it reads the kernel's BTF): its data path costs the node's other
+    // processes nothing outside their socket calls.
+    if socket_data_hooks() {
+        assert!(
+            text.contains("socket hooks   ok"),
+            "{title}: the host has the socket hooks, the DaemonSet does not:\n{text}"
+        );
+    }
     assert!(
         text.lines()
             .any(|l| l.starts_with("uprobe perf") && l.contains("missing")),

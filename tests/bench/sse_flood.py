@@ -23,6 +23,14 @@ and a client that reads them as fast as it can.
       loopback TCP connection whose other end a second thread drains.
       Prints READY <pid>, waits for a line on stdin, runs S seconds, prints
       one JSON line {"writes", "seconds", "writes_per_s"}.
+  python3 tests/bench/sse_flood.py send-recv-loop --seconds S
+      Socket calls alone, one thread: each iteration send()s 16 bytes on a
+      loopback TCP connection and recv()s them at the other end (queued by
+      the time send() returns): no wake-ups, no lock hand-offs, so the
+      iteration's time is the two calls' CPU time (write-loop's two threads
+      also measure how their GIL hand-offs react to any added latency).
+      Prints READY <pid>, waits for a line on stdin, runs S seconds, prints
+      one JSON line {"iterations", "seconds", "iterations_per_s"}.
   python3 tests/bench/sse_flood.py pingpong --seconds S
       Context switches alone: two threads pass one byte back and forth over
       two pipes (each hand-over blocks one thread and wakes the other).
@@ -255,6 +263,28 @@ def write_loop(args):
     print(json.dumps({"writes": writes, "seconds": elapsed, "writes_per_s": writes / elapsed}), flush=True)
 
 
+def send_recv_loop(args):
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    out = socket.create_connection(listener.getsockname())
+    out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    inp, _ = listener.accept()
+    print("READY %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+    payload = b"x" * 16
+
+    def batch():
+        for _ in range(500):
+            out.send(payload)
+            inp.recv(65536)
+
+    iterations, elapsed = timed(args.seconds, batch, 500)
+    out.close()
+    print(json.dumps({"iterations": iterations, "seconds": elapsed,
+                      "iterations_per_s": iterations / elapsed}), flush=True)
+
+
 def pingpong(args):
     ping_r, ping_w = os.pipe()
     pong_r, pong_w = os.pipe()
@@ -308,6 +338,8 @@ def main():
     loop.add_argument("--seconds", type=float, default=3.0)
     writes = sub.add_parser("write-loop")
     writes.add_argument("--seconds", type=float, default=3.0)
+    sr = sub.add_parser("send-recv-loop")
+    sr.add_argument("--seconds", type=float, default=3.0)
     pp = sub.add_parser("pingpong")
     pp.add_argument("--seconds", type=float, default=3.0)
     sc = sub.add_parser("syscall-loop")
@@ -321,6 +353,8 @@ def main():
         client(args)
     elif args.mode == "write-loop":
         write_loop(args)
+    elif args.mode == "send-recv-loop":
+        send_recv_loop(args)
     elif args.mode == "pingpong":
         pingpong(args)
     elif args.mode == "syscall-loop":

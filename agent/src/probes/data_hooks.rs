@@ -142,32 +142,31 @@ mod tests {
 
     #[test]
     fn auto_takes_the_socket_hooks_only_when_every_tracepoint_is_there() {
-        assert_eq!(
-            DataHooksSetting::Auto.choose(&[]).unwrap(),
-            DataHooks::Socket
-        );
-        assert_eq!(
-            DataHooksSetting::Auto
-                .choose(&["tcp_sendmsg_locked"])
-                .unwrap(),
-            DataHooks::Syscall
-        );
+        assert!(matches!(
+            DataHooksSetting::Auto.choose(&[]),
+            Ok(DataHooks::Socket)
+        ));
+        assert!(matches!(
+            DataHooksSetting::Auto.choose(&["tcp_sendmsg_locked"]),
+            Ok(DataHooks::Syscall)
+        ));
+        assert!(matches!(
+            DataHooksSetting::Syscall.choose(&[]),
+            Ok(DataHooks::Syscall)
+        ));
     }
 
     #[test]
     fn socket_on_an_old_kernel_names_what_is_missing() {
-        let err = DataHooksSetting::Socket
-            .choose(&["tcp_sendmsg_locked", "sock_send_length"])
-            .unwrap_err()
-            .to_string();
+        let Err(err) = DataHooksSetting::Socket.choose(&["tcp_sendmsg_locked", "sock_send_length"])
+        else {
+            panic!("--data-hooks socket accepted on a kernel without the tracepoints");
+        };
+        let err = err.to_string();
         assert!(
             err.contains("tcp_sendmsg_locked, sock_send_length"),
             "{err}"
         );
         assert!(err.contains("6.16"), "{err}");
-        assert_eq!(
-            DataHooksSetting::Syscall.choose(&[]).unwrap(),
-            DataHooks::Syscall
-        );
     }
 }

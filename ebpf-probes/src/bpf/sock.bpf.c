@@ -350,22 +350,6 @@ static __always_inline void send_conn(__u32 kind, struct sock *sk, __u64 ino, in
 	}
 }
 
-/* Socket hooks (no accept() hook): the first call of a traced process on a
- * connection that came in through a traced listener (state since the
- * handshake, no owner yet) stands for its accept, reported before the
- * call's own record and dated now: at or after accept() returned. */
-static __always_inline void accepted_by_first_io(struct sock *sk, __u64 ino, int fd)
-{
-	__u64 key = (__u64)sk;
-	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
-
-	if (!st || st->tgid || !st->established_ns)
-		return;
-	st = own_sock(sk, ino, fd);
-	if (st)
-		send_conn(TT_EVENT_ACCEPT, sk, ino, fd, st);
-}
-
 /* A data call of a traced thread returned `ret`: its record (or, inside an
  * OpenSSL call, the SSL*'s tie to the socket). `a` comes from the syscall
  * entry (syscall hooks) or from the user registers at the socket hook
@@ -392,9 +376,14 @@ static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long
 	struct sock *sk = tcp_sock_of_fd(a->fd, &ino);
 	if (!sk)
 		return 0;
-	if (lazy_accept)
-		accepted_by_first_io(sk, ino, a->fd);
-	struct sock_state *st = own_sock(sk, ino, a->fd);
+	bool unowned = false;
+	struct sock_state *st = own_sock_of(sk, ino, a->fd, &unowned);
+	/* Socket hooks (no accept() hook): the first call of a traced process
+	 * on a connection that came in through a traced listener (state since
+	 * the handshake, no owner yet) stands for its accept, reported before
+	 * the call's own record and dated now: at or after accept() returned. */
+	if (lazy_accept && unowned && st && st->established_ns)
+		send_conn(TT_EVENT_ACCEPT, sk, ino, a->fd, st);
 	__u64 ingress = 0, newest = 0;
 	if (a->direction == TT_DIR_INGRESS) {
 		if (st)

@@ -196,8 +196,9 @@ static __always_inline void mark_listener(struct sock *sk)
 }
 
 /* The state of a socket a traced process uses, created if missing, with the
- * owner filled in. NULL only when the map refuses the entry. */
-static __always_inline struct sock_state *own_sock(struct sock *sk, __u64 ino, int fd)
+ * owner filled in. NULL only when the map refuses the entry. `unowned`
+ * (optional): set when no process owned it before this call. */
+static __always_inline struct sock_state *own_sock_of(struct sock *sk, __u64 ino, int fd, bool *unowned)
 {
 	__u64 key = (__u64)sk;
 	struct sock_state *st = bpf_map_lookup_elem(&sock_states, &key);
@@ -213,12 +214,19 @@ static __always_inline struct sock_state *own_sock(struct sock *sk, __u64 ino, i
 		if (!st)
 			return NULL;
 	}
+	if (unowned)
+		*unowned = !st->tgid;
 	if (st->sock_ino != ino || st->fd != fd) {
 		st->tgid = bpf_get_current_pid_tgid() >> 32;
 		st->sock_ino = ino;
 		st->fd = fd;
 	}
 	return st;
+}
+
+static __always_inline struct sock_state *own_sock(struct sock *sk, __u64 ino, int fd)
+{
+	return own_sock_of(sk, ino, fd, NULL);
 }
 
 /* When the byte at sequence number `seq` reached the host (0 if unknown). */

@@ -16,6 +16,11 @@
 //!   clock reads per run), so the ratios above are measured without them.
 //! - **untraced syscall tax**: `sse_flood.py write-loop` (16-byte send()s
 //!   and a draining recv() thread, untraced) without / with the agent.
+//! - **untraced socket call tax**: `sse_flood.py send-recv-loop` (one
+//!   untraced thread: a 16-byte send() and the recv() of it per iteration,
+//!   no wake-ups) without / with the agent: what the hooks on the socket
+//!   path cost a process nobody traces, apart from the write-loop's GIL
+//!   hand-offs, which react to any added latency.
 //! - **context-switch tax**: `sse_flood.py pingpong` (two untraced threads
 //!   passing a byte over two pipes) without / with the agent.
 //! - **non-I/O syscall tax**: `sse_flood.py syscall-loop` (getppid() in an
@@ -301,12 +306,13 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         let agent = TracingAgent::start(agent_bin, idle.0.id())?;
         let before = prog_stats(agent.pid)?;
         gated_loop("write-loop", "writes_per_s", opts.seconds)?;
+        gated_loop("send-recv-loop", "iterations_per_s", opts.seconds)?;
         gated_loop("pingpong", "round_trips_per_s", opts.seconds)?;
         gated_loop("syscall-loop", "syscalls_per_s", opts.seconds)?;
         let after = prog_stats(agent.pid)?;
         agent.stop()?;
         out.push_str(&format!(
-            "BPF ns per run, untraced hits (bpf_stats on; write-loop, pingpong and syscall-loop while the agent traces an idle process): {}\n",
+            "BPF ns per run, untraced hits (bpf_stats on; write-loop, send-recv-loop, pingpong and syscall-loop while the agent traces an idle process): {}\n",
             format_stats(&stats_delta(&before, &after))
         ));
     }
@@ -327,6 +333,13 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             "write-loop",
             "writes_per_s",
             "write-loop: 16-byte send()s on loopback TCP and a recv() drain thread, untraced",
+            false,
+        ),
+        (
+            "untraced socket call tax",
+            "send-recv-loop",
+            "iterations_per_s",
+            "send-recv-loop: one untraced thread, a 16-byte send() on loopback TCP and the recv() of it per iteration",
             false,
         ),
         (
