@@ -240,6 +240,22 @@ static __always_inline struct sock *tcp_sock_of_fd(int fd, __u64 *ino)
 	return sk;
 }
 
+/* The inode number of the socket file behind `sk`, what tcp_sock_of_fd
+ * reports for its fd (0 for a socket without a file). */
+static __always_inline __u64 sock_file_ino(struct sock *sk)
+{
+	if (direct_reads()) {
+		struct socket *sock = bpf_core_cast(sk, struct sock)->sk_socket;
+		if (!sock)
+			return 0;
+		struct file *file = bpf_core_cast(sock, struct socket)->file;
+		if (!file)
+			return 0;
+		return bpf_core_cast(file, struct file)->f_inode->i_ino;
+	}
+	return BPF_CORE_READ(sk, sk_socket, file, f_inode, i_ino);
+}
+
 static __always_inline void fill_addrs(struct sock *sk, struct tt_sock_addrs *a)
 {
 	if (direct_reads()) {

@@ -353,27 +353,28 @@ static __always_inline void send_conn(__u32 kind, struct sock *sk, __u64 ino, in
 /* A data call of a traced thread returned `ret`: its record (or, inside an
  * OpenSSL call, the SSL*'s tie to the socket). `a` comes from the syscall
  * entry (syscall hooks) or from the user registers at the socket hook
- * (socket hooks, see sock_hooks.bpf.h). `lazy_accept`: no accept() hook
- * runs, so the first call of a process on a connection it accepted
- * announces the accept (dated now, at or after accept() returned). */
+ * (socket hooks, see sock_hooks.bpf.h), which also hands over the call's
+ * TCP socket (`hooked_sk`; NULL: look it up by the fd). With the socket
+ * hooks no accept() hook runs, so the first call of a process on a
+ * connection it accepted announces the accept. */
 static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long ret, const bool vec, const bool loop,
-				   const bool lazy_accept)
+				   struct sock *hooked_sk)
 {
-	__u64 ino = 0;
+	__u64 ino = hooked_sk ? sock_file_ino(hooked_sk) : 0;
 
 	if (ret <= 0) {
 		/* A write the peer refused: it is gone (reset, or closed and reset
 		 * by now). The socket's own hooks usually told already; this also
 		 * covers sockets whose RST came before they were tracked. */
 		if (a->direction == TT_DIR_EGRESS && (ret == -TT_EPIPE || ret == -TT_ECONNRESET)) {
-			struct sock *sk = tcp_sock_of_fd(a->fd, &ino);
+			struct sock *sk = hooked_sk ? hooked_sk : tcp_sock_of_fd(a->fd, &ino);
 			struct sock_state *st = sk ? own_sock(sk, ino, a->fd) : NULL;
 			if (st)
 				peer_closed(st, sk, ret == -TT_EPIPE ? TT_PEER_WRITE_EPIPE : TT_PEER_WRITE_ECONNRESET);
 		}
 		return 0;
 	}
-	struct sock *sk = tcp_sock_of_fd(a->fd, &ino);
+	struct sock *sk = hooked_sk ? hooked_sk : tcp_sock_of_fd(a->fd, &ino);
 	if (!sk)
 		return 0;
 	bool unowned = false;
@@ -382,7 +383,7 @@ static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long
 	 * on a connection that came in through a traced listener (state since
 	 * the handshake, no owner yet) stands for its accept, reported before
 	 * the call's own record and dated now: at or after accept() returned. */
-	if (lazy_accept && unowned && st && st->established_ns)
+	if (hooked_sk && unowned && st && st->established_ns)
 		send_conn(TT_EVENT_ACCEPT, sk, ino, a->fd, st);
 	__u64 ingress = 0, newest = 0;
 	if (a->direction == TT_DIR_INGRESS) {
@@ -447,7 +448,7 @@ static __always_inline int exit_io(long ret, const bool vec, const bool loop)
 		return 0;
 	struct io_args a = *args;
 	bpf_map_delete_elem(&active_io, &pid_tgid);
-	return io_done(pid_tgid, &a, ret, vec, loop, false);
+	return io_done(pid_tgid, &a, ret, vec, loop, NULL);
 }
 
 /* ---- connection lifecycle ------------------------------------------------ */

@@ -181,7 +181,7 @@ int BPF_PROG(on_send_length, struct sock *sk, int ret, int flags)
 	if (!a.ts_enter)
 		a.ts_enter = bpf_ktime_get_ns(); /* failed before its first byte */
 	no_preempt_begin();
-	int rc = io_done(pid_tgid, &a, ret, true, true, true);
+	int rc = io_done(pid_tgid, &a, ret, true, true, sk);
 	no_preempt_end();
 	return rc;
 }
@@ -202,7 +202,7 @@ int BPF_PROG(on_recv_length, struct sock *sk, int ret, int flags)
 		return 0;
 	a.ts_enter = bpf_ktime_get_ns();
 	no_preempt_begin();
-	int rc = io_done(bpf_get_current_pid_tgid(), &a, ret, true, true, true);
+	int rc = io_done(bpf_get_current_pid_tgid(), &a, ret, true, true, sk);
 	no_preempt_end();
 	return rc;
 }
