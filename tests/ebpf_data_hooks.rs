@@ -101,31 +101,28 @@ fn root_one_data_path_is_loaded() {
     } else {
         (&SYSCALL_PROGRAMS, &SOCKET_PROGRAMS)
     };
+    assert_data_path(
+        &auto,
+        loaded,
+        absent,
+        &format!("auto (socket hooks {socket})"),
+    );
+    let syscall = programs_while_tracing(&["--data-hooks", "syscall"]);
+    assert_data_path(
+        &syscall,
+        &SYSCALL_PROGRAMS,
+        &SOCKET_PROGRAMS,
+        "--data-hooks syscall",
+    );
+}
+
+/// `names` holds every program of `loaded` and none of `absent`.
+fn assert_data_path(names: &BTreeSet<String>, loaded: &[&str], absent: &[&str], run: &str) {
     for p in loaded {
-        assert!(
-            holds(&auto, p),
-            "auto (socket hooks {socket}): {p} not loaded: {auto:?}"
-        );
+        assert!(holds(names, p), "{run}: {p} not loaded: {names:?}");
     }
     for p in absent {
-        assert!(
-            !holds(&auto, p),
-            "auto (socket hooks {socket}): {p} loaded: {auto:?}"
-        );
-    }
-
-    let syscall = programs_while_tracing(&["--data-hooks", "syscall"]);
-    for p in SYSCALL_PROGRAMS {
-        assert!(
-            holds(&syscall, p),
-            "--data-hooks syscall: {p} not loaded: {syscall:?}"
-        );
-    }
-    for p in SOCKET_PROGRAMS {
-        assert!(
-            !holds(&syscall, p),
-            "--data-hooks syscall: {p} loaded: {syscall:?}"
-        );
+        assert!(!holds(names, p), "{run}: {p} loaded: {names:?}");
     }
 }
 

@@ -238,13 +238,20 @@ def ssl_loop(args):
     }), flush=True)
 
 
-def write_loop(args):
+def loopback_pair():
+    """A connected loopback TCP pair (sending end with TCP_NODELAY, receiving end)."""
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
     out = socket.create_connection(listener.getsockname())
     out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     inp, _ = listener.accept()
+    listener.close()
+    return out, inp
+
+
+def write_loop(args):
+    out, inp = loopback_pair()
 
     def drain():
         while inp.recv(1 << 16):
@@ -264,12 +271,7 @@ def write_loop(args):
 
 
 def send_recv_loop(args):
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(1)
-    out = socket.create_connection(listener.getsockname())
-    out.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    inp, _ = listener.accept()
+    out, inp = loopback_pair()
     print("READY %d" % os.getpid(), flush=True)
     sys.stdin.readline()
     payload = b"x" * 16
