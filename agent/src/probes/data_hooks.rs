@@ -114,7 +114,7 @@ impl DataHooksSetting {
 pub(super) fn select_data_programs(
     object: &mut libbpf_rs::OpenObject,
     hooks: DataHooks,
-) -> anyhow::Result<()> {
+) -> Result<()> {
     let other = match hooks {
         DataHooks::Socket => DataHooks::Syscall,
         DataHooks::Syscall => DataHooks::Socket,

@@ -894,10 +894,8 @@ int BPF_UPROBE(ssl_free_enter)
  * libssl before the first handshake. */
 #define PROT_EXEC 0x4
 
-static __always_inline int enter_mmap(__u64 prot, long fd)
+static __always_inline int lib_mapped(void)
 {
-	if (!(prot & PROT_EXEC) || fd < 0)
-		return 0;
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
@@ -909,6 +907,11 @@ static __always_inline int enter_mmap(__u64 prot, long fd)
 	e->filename[0] = 0;
 	bpf_ringbuf_submit(e, BPF_RB_FORCE_WAKEUP);
 	return 0;
+}
+
+static __always_inline int enter_mmap(__u64 prot, long fd)
+{
+	return (prot & PROT_EXEC) && fd >= 0 ? lib_mapped() : 0;
 }
 
 /* ---- syscall dispatch ------------------------------------------------------

@@ -36,7 +36,6 @@
 #ifndef TOKENTRACE_SOCK_HOOKS_BPF_H
 #define TOKENTRACE_SOCK_HOOKS_BPF_H
 
-#define TT_TCP_CLOSE 7
 #define TT_TCP_LISTEN 10
 
 /* Set by the agent before load: these programs are the data path, and
@@ -224,7 +223,7 @@ int BPF_PROG(on_vm_unmapped_area, unsigned long addr, struct vm_unmapped_area_in
 	/* The loader maps a library's whole span with its first segment's
 	 * protection (read-only since binutils' separate-code), then its code
 	 * over it with MAP_FIXED: any file counts, not only PROT_EXEC. */
-	return enter_mmap(PROT_EXEC, (long)SYSCALL_ARG(regs, 4));
+	return (long)SYSCALL_ARG(regs, 4) >= 0 ? lib_mapped() : 0;
 }
 
 /* A traced process's close() of a connection it owns is its close record

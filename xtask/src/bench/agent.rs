@@ -27,22 +27,13 @@ pub(super) fn use_data_hooks(hooks: &str) {
 
 /// The data path the agents run with: `socket` or `syscall`, as
 /// `--data-hooks` says or, for auto, as `tokentrace check` finds the kernel.
-pub(super) fn data_path(agent_bin: &Path) -> Result<&'static str> {
+pub(super) fn data_path(agent_bin: &Path) -> &'static str {
     match DATA_HOOKS.get().map(String::as_str) {
-        Some("socket") => return Ok("socket"),
-        Some("syscall") => return Ok("syscall"),
-        _ => {}
+        Some("socket") => "socket",
+        Some("syscall") => "syscall",
+        _ if tokentrace_testkit::socket_data_hooks_of(agent_bin) => "socket",
+        _ => "syscall",
     }
-    let out = Command::new(agent_bin)
-        .arg("check")
-        .output()
-        .context("running tokentrace check")?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let socket = text.lines().any(|l| {
-        l.strip_prefix("socket hooks")
-            .is_some_and(|rest| rest.trim_start().starts_with("ok "))
-    });
-    Ok(if socket { "socket" } else { "syscall" })
 }
 
 pub(super) struct TracingAgent {
