@@ -215,7 +215,9 @@ fn burst_into_a_sequential_server_is_timed_from_the_wire() {
     let mut ttft = Dist::new("agent TTFT - wire TTFT");
     let mut wait = Dist::new("socket_wait - (server read - wire arrival)");
     let mut start = Dist::new("request_start - wire arrival");
-    let mut accept = Dist::new("accept_wait - (server accept - client connect)");
+    let mut accept = Dist::new(&format!(
+        "accept_wait - (server {accepted_at} - client connect)"
+    ));
     let mut waited = Dist::new("socket_wait_ms");
     let mut from_read = Dist::new("ttft_from_read - wire TTFT (before: main's TTFT)");
     let mut failures = Vec::new();
