@@ -27,6 +27,10 @@
 //!   untraced thread) without / with the agent: the raw syscall hooks see
 //!   every syscall, not only the socket and pipe calls the loops above make;
 //!   the socket hooks see none of it.
+//! - **tracepoint floor**: each loop above also runs, in the same rounds,
+//!   with an empty BPF program on every tracepoint the agent attaches
+//!   (`tests/bench/empty_hooks.py`): what any program there costs, apart
+//!   from what the agent's programs add to it.
 //!
 //! The agent runs with `--data-hooks` as the bench was given it (default
 //! auto); the section's first line says which data path that was.
@@ -39,6 +43,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, Result};
 
 use super::agent::data_path;
+use super::floor::{agent_tracepoints, EmptyHooks};
 use super::untraced::gated_loop;
 use super::{cpu_ticks, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
 use crate::util::{free_port, start_server, Guard};
@@ -325,6 +330,17 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             .spawn()
             .context("starting an idle process to trace")?,
     );
+    // The floor: empty programs where the agent's are (its links' tracepoints).
+    let tracepoints = {
+        let agent = TracingAgent::start(agent_bin, idle.0.id())?;
+        let names = agent_tracepoints(agent.pid)?;
+        agent.stop()?;
+        names
+    };
+    out.push_str(&format!(
+        "tracepoint floor: the same loops with an empty BPF program (r0 = 0; exit) on each of the agent's tracepoints ({}): what any program there costs\n",
+        tracepoints.join(", ")
+    ));
     // `hooks_only`: the loop's syscalls move no bytes, so with the syscall
     // hooks all it pays is their two untraced hits (and the slow path they
     // put it on); the socket hooks never see it.
@@ -359,20 +375,25 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         ),
     ] {
         gated_loop(mode, key, 1.0)?; // warm-up
-        let (mut without, mut with) = (Vec::new(), Vec::new());
+        let (mut without, mut floor, mut with) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..opts.rounds {
             let b = gated_loop(mode, key, opts.seconds)?;
+            let empty = EmptyHooks::attach(&tracepoints)?;
+            let f = gated_loop(mode, key, opts.seconds)?;
+            drop(empty);
             let agent = TracingAgent::start(agent_bin, idle.0.id())?;
             let w = gated_loop(mode, key, opts.seconds)?;
             agent.stop()?;
             eprintln!(
-                "{name} round {round}: {b:.0}/s without agent, {w:.0}/s with: ratio {:.4}",
-                w / b
+                "{name} round {round}: {b:.0}/s without agent, {f:.0}/s with empty programs on its tracepoints, {w:.0}/s with it: ratio {:.4} (floor {:.4})",
+                w / b,
+                f / b
             );
             without.push(b);
+            floor.push(f);
             with.push(w);
         }
-        let (b, w) = (median(&mut without), median(&mut with));
+        let (b, f, w) = (median(&mut without), median(&mut floor), median(&mut with));
         let added_us = 1e6 / w - 1e6 / b;
         let per_hook = match (hooks_only, data_path) {
             (true, "syscall") => format!(
@@ -383,10 +404,13 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             _ => String::new(),
         };
         out.push_str(&format!(
-            "{name} ({what}; {} s rounds, {} rounds): median {b:.0}/s without agent, {w:.0}/s with: ratio {:.4} (goal >= 0.98; {added_us:+.3} µs per iteration{per_hook})\n",
+            "{name} ({what}; {} s rounds, {} rounds): median {b:.0}/s without agent, {w:.0}/s with: ratio {:.4} (goal >= 0.98; {added_us:+.3} µs per iteration{per_hook}); tracepoint floor {:.4} (empty programs on the agent's {} tracepoints: {f:.0}/s), the agent's programs on top of it {:.4}\n",
             opts.seconds,
             opts.rounds,
             w / b,
+            f / b,
+            tracepoints.len(),
+            w / f,
         ));
     }
     drop(idle);
