@@ -1,9 +1,11 @@
 //! Root-only: which kernel programs feed the data path. With the socket
-//! hooks (`--data-hooks auto` on Linux 6.16+, or `socket`) the agent must
+//! hooks (`--data-hooks auto` on Linux 6.3+, or `socket`) the agent must
 //! hold no program on `sys_enter`/`sys_exit`, whose mere presence puts every
-//! syscall of every process on the slow path; with `--data-hooks syscall`
-//! it holds those and none of the socket hooks. Either way a streaming
-//! request is reported whole, its accept included.
+//! syscall of every process on the slow path, and holds the send-start hook
+//! (`tcp_sendmsg_locked`) where the kernel has it (6.16+) unless asked for
+//! `socket_at_return`; with `--data-hooks syscall` it holds the syscall
+//! hooks and none of the socket hooks. Either way a streaming request is
+//! reported whole, its accept included.
 //!
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test ebpf_data_hooks -- --test-threads=1 --nocapture
@@ -18,12 +20,22 @@ use common::*;
 use serde_json::Value;
 
 const SYSCALL_PROGRAMS: [&str; 2] = ["enter_syscall", "exit_syscall"];
-const SOCKET_PROGRAMS: [&str; 4] = [
-    "on_sendmsg_locke", // bpftool shows names cut at 15 characters
-    "on_send_length",
+const SOCKET_PROGRAMS: [&str; 3] = [
+    "on_send_length", // bpftool shows names cut at 15 characters
     "on_recv_length",
     "on_vm_unmapped_a",
 ];
+/// The send-start hook, on `tcp_sendmsg_locked` (Linux 6.16+).
+const SEND_START_PROGRAM: &str = "on_sendmsg_locke";
+
+/// Whether the kernel's BTF names the `tcp_sendmsg_locked` tracepoint, read
+/// from /sys/kernel/btf/vmlinux itself (not from the agent's own check).
+fn kernel_has_send_start() -> bool {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux")
+        .unwrap_or_else(|e| panic!("reading /sys/kernel/btf/vmlinux: {e}"));
+    let name = b"btf_trace_tcp_sendmsg_locked\0";
+    btf.windows(name.len()).any(|w| w == name)
+}
 
 /// Names of the BPF programs `pid` holds (as the kernel keeps them: at most
 /// 15 characters).
@@ -96,17 +108,19 @@ fn root_one_data_path_is_loaded() {
     let socket = socket_data_hooks();
     let auto = programs_while_tracing(&[]);
     eprintln!("[test] socket hooks on this kernel: {socket}; auto loads {auto:?}");
-    let (loaded, absent): (&[&str], &[&str]) = if socket {
-        (&SOCKET_PROGRAMS, &SYSCALL_PROGRAMS)
+    let run = format!("auto (socket hooks {socket})");
+    if socket {
+        assert_data_path(&auto, &SOCKET_PROGRAMS, &SYSCALL_PROGRAMS, &run);
+        assert_eq!(
+            holds(&auto, SEND_START_PROGRAM),
+            kernel_has_send_start(),
+            "{run}: the send-start hook is loaded exactly where the kernel has \
+             tcp_sendmsg_locked: {auto:?}"
+        );
     } else {
-        (&SYSCALL_PROGRAMS, &SOCKET_PROGRAMS)
-    };
-    assert_data_path(
-        &auto,
-        loaded,
-        absent,
-        &format!("auto (socket hooks {socket})"),
-    );
+        assert_data_path(&auto, &SYSCALL_PROGRAMS, &SOCKET_PROGRAMS, &run);
+        assert!(!holds(&auto, SEND_START_PROGRAM), "{run}: {auto:?}");
+    }
     let syscall = programs_while_tracing(&["--data-hooks", "syscall"]);
     assert_data_path(
         &syscall,
@@ -114,6 +128,48 @@ fn root_one_data_path_is_loaded() {
         &SOCKET_PROGRAMS,
         "--data-hooks syscall",
     );
+    assert!(!holds(&syscall, SEND_START_PROGRAM), "{syscall:?}");
+}
+
+/// `socket_at_return`: the socket hooks without the send-start hook (one
+/// hook less on every socket send of every process; what kernels 6.3 to
+/// 6.15 get): each send is dated at its return, and a streaming request is
+/// still reported whole.
+#[test]
+fn root_socket_hooks_without_the_send_start() {
+    require_root("root_socket_hooks_without_the_send_start");
+    if !socket_data_hooks() {
+        eprintln!("[test] no socket hooks on this kernel: socket_at_return is refused");
+        let err = refused("socket_at_return");
+        assert!(err.contains("6.3"), "{err}");
+        return;
+    }
+    let names = programs_while_tracing(&["--data-hooks", "socket_at_return"]);
+    let run = "--data-hooks socket_at_return";
+    assert_data_path(&names, &SOCKET_PROGRAMS, &SYSCALL_PROGRAMS, run);
+    assert!(!holds(&names, SEND_START_PROGRAM), "{run}: {names:?}");
+}
+
+/// The stderr of a `tokentrace run --data-hooks <hooks>` that must fail.
+fn refused(hooks: &str) -> String {
+    let out = Command::new(agent_bin())
+        .args([
+            "run",
+            "--pid",
+            "1",
+            "--duration",
+            "1s",
+            "--data-hooks",
+            hooks,
+        ])
+        .output()
+        .expect("running tokentrace run");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(
+        !out.status.success(),
+        "--data-hooks {hooks} ran on a kernel without the socket hooks: {err}"
+    );
+    err
 }
 
 /// `names` holds every program of `loaded` and none of `absent`.
@@ -139,24 +195,13 @@ fn root_socket_hooks_asked_for_explicitly() {
                 "--data-hooks socket: {p} not loaded: {names:?}"
             );
         }
+        assert_eq!(
+            holds(&names, SEND_START_PROGRAM),
+            kernel_has_send_start(),
+            "--data-hooks socket: {names:?}"
+        );
         return;
     }
-    let out = Command::new(agent_bin())
-        .args([
-            "run",
-            "--pid",
-            "1",
-            "--duration",
-            "1s",
-            "--data-hooks",
-            "socket",
-        ])
-        .output()
-        .expect("running tokentrace run");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "--data-hooks socket ran on a kernel without them: {err}"
-    );
-    assert!(err.contains("6.16"), "{err}");
+    let err = refused("socket");
+    assert!(err.contains("6.3"), "{err}");
 }

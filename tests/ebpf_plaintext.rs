@@ -103,7 +103,7 @@ fn root_stdlib_sse_framing_in_separate_writes() {
 }
 
 /// The syscall hooks, the data path of kernels without the socket hooks'
-/// tracepoints (before 6.16), chosen here by hand: the same brackets hold.
+/// tracepoints (before 6.3), chosen here by hand: the same brackets hold.
 #[test]
 fn root_stdlib_sse_through_the_syscall_hooks() {
     require_root("root_stdlib_sse_through_the_syscall_hooks");
@@ -112,6 +112,24 @@ fn root_stdlib_sse_through_the_syscall_hooks() {
         ServerKind::Stdlib,
         &[],
         Selector::PidWith(&["--data-hooks", "syscall"]),
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
+/// The socket hooks without the send-start hook, the data path of kernels
+/// 6.3 to 6.15 (no `tcp_sendmsg_locked`), chosen here by hand: each send is
+/// dated at its return, after its bytes were queued (on loopback, after the
+/// client's socket got them), and the same brackets hold.
+#[test]
+fn root_stdlib_sse_with_sends_dated_at_their_return() {
+    require_root("root_stdlib_sse_with_sends_dated_at_their_return");
+    scenario_with(
+        "stdlib http.server SSE, 3 writes per chunk, --data-hooks socket_at_return",
+        ServerKind::Stdlib,
+        &[],
+        Selector::PidWith(&["--data-hooks", "socket_at_return"]),
         &sse_runs(None),
         &SSE,
         &Tolerance::light(),

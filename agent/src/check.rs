@@ -12,8 +12,9 @@ use libbpf_rs::OpenObject;
 use tokentrace_probes::check::CheckSkelBuilder;
 
 use crate::probes::{
-    check_hits, ensure_tracefs, has_capability, missing_socket_tracepoints, try_uprobe,
-    HostUprobes, TracefsState, UprobeMode, UprobeModeSetting, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN,
+    check_hits, ensure_tracefs, has_capability, missing_required, missing_socket_tracepoints,
+    try_uprobe, HostUprobes, TracefsState, UprobeMode, UprobeModeSetting, CAP_BPF, CAP_PERFMON,
+    CAP_SYS_ADMIN,
 };
 
 /// How much a missing feature matters.
@@ -166,22 +167,28 @@ fn btf() -> CheckLine {
 /// `--data-hooks auto` picks), or falls back to the syscall hooks.
 fn data_hooks() -> CheckLine {
     let missing = missing_socket_tracepoints();
+    let required = missing_required(&missing);
     CheckLine {
         name: "socket hooks",
-        ok: missing.is_empty(),
+        ok: required.is_empty(),
         need: Need::Optional,
         detail: if missing.is_empty() {
             "tcp_sendmsg_locked, sock_send_length, sock_recv_length: the data path (--data-hooks \
              auto) costs untraced processes nothing outside socket calls"
                 .into()
+        } else if required.is_empty() {
+            "sock_send_length, sock_recv_length: the data path (--data-hooks auto) costs \
+             untraced processes nothing outside socket calls; no tcp_sendmsg_locked tracepoint \
+             (Linux 6.16): each send is dated at its return, not its start"
+                .into()
         } else {
             format!(
                 "no {} tracepoint: the data path uses the syscall hooks, which every syscall on \
                  the host pays for",
-                missing.join(", ")
+                required.join(", ")
             )
         },
-        fix: Some("Linux 6.16 or later".into()),
+        fix: Some("Linux 6.3 or later (6.16 dates each send at its start)".into()),
     }
 }
 

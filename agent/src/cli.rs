@@ -107,8 +107,9 @@ pub struct RunArgs {
 
     /// Which hooks feed the data path (overrides capture.data_hooks): auto
     /// picks the socket layer's tracepoints where the kernel has them
-    /// (Linux 6.16+), else the syscall hooks, which every syscall on the
-    /// host pays for.
+    /// (Linux 6.3+; from 6.16 each send is dated at its start, before at
+    /// its return), else the syscall hooks, which every syscall on the host
+    /// pays for.
     #[arg(long, value_enum, env = "TOKENTRACE_DATA_HOOKS")]
     pub data_hooks: Option<crate::probes::DataHooksSetting>,
 

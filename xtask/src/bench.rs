@@ -78,7 +78,7 @@ const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
                      [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel|top[,...]] [--agent PATH] \
-                     [--data-hooks auto|socket|syscall] \
+                     [--data-hooks auto|socket|socket_at_return|syscall] \
                      | cargo xtask bench replay [...]";
 
 #[derive(Clone)]
@@ -126,8 +126,10 @@ fn parse(args: &[String]) -> Result<Options> {
             "--launch-seconds" => opts.launch_seconds = value.parse()?,
             "--agent" => opts.agent = Some(value.into()),
             "--data-hooks" => {
-                if !["auto", "socket", "syscall"].contains(&value) {
-                    bail!("--data-hooks: {value:?} is not auto, socket or syscall\n{USAGE}");
+                if !["auto", "socket", "socket_at_return", "syscall"].contains(&value) {
+                    bail!(
+                        "--data-hooks: {value:?} is not auto, socket, socket_at_return or syscall\n{USAGE}"
+                    );
                 }
                 agent::use_data_hooks(value);
             }

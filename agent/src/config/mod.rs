@@ -84,7 +84,8 @@ pub struct CaptureConfig {
     #[serde(with = "humantime_serde")]
     pub poll_interval: Duration,
     /// Which hooks feed the data path (`auto`: the socket layer's
-    /// tracepoints where the kernel has them, else the syscall hooks).
+    /// tracepoints where the kernel has them, else the syscall hooks;
+    /// `socket`, `socket_at_return`, `syscall`).
     pub data_hooks: crate::probes::DataHooksSetting,
 }
 

@@ -5,12 +5,17 @@
 //! syscall slow path and runs on every syscall of every process, traced or
 //! not: with the agent running, an untraced `getppid()` loop ran 0.65x as
 //! fast and 16-byte `send()`s 0.89x (`cargo xtask bench --only kernel`).
-//! The socket hooks (`sock_hooks.bpf.h`: `tcp_sendmsg_locked`,
-//! `sock_send_length`, `sock_recv_length`, `vm_unmapped_area`, plus close
-//! and listen through `inet_sock_set_state`) fire only on socket calls.
-//! They need Linux 6.16 (`tcp_sendmsg_locked`); older kernels keep the
-//! syscall hooks. The socket hooks see no `accept()`: a connection's accept
-//! is dated by the process's first send or receive on it.
+//! The socket hooks (`sock_hooks.bpf.h`: `sock_send_length`,
+//! `sock_recv_length`, `vm_unmapped_area`, plus close and listen through
+//! `inet_sock_set_state`) fire only on socket calls. They need Linux 6.3
+//! (`sock_send_length`/`sock_recv_length`); older kernels keep the syscall
+//! hooks. Where the kernel also has `tcp_sendmsg_locked` (6.16+) a send is
+//! dated at its start, before its first byte is queued; without it (or with
+//! `socket_at_return`, one hook less on every socket send of every process)
+//! at its return, which for a send that waited for room in the socket
+//! buffer is when its last byte was queued. The socket hooks see no
+//! `accept()`: a connection's accept is dated by the process's first send
+//! or receive on it.
 
 use std::fmt;
 
@@ -21,17 +26,22 @@ use serde::Deserialize;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataHooks {
     /// Socket-layer tracepoints: untraced processes pay only on socket
-    /// calls (Linux 6.16+).
-    Socket,
+    /// calls (Linux 6.3+). `send_start`: `tcp_sendmsg_locked` dates each
+    /// send at its start (6.16+); without it a send is dated at its return.
+    Socket { send_start: bool },
     /// `sys_enter`/`sys_exit`: every syscall on the host pays; accept()
     /// is dated by its return.
     Syscall,
 }
 
+/// The send-start program and its tracepoint (Linux 6.16+).
+const SEND_START_PROGRAM: &str = "on_sendmsg_locked";
+const SEND_START_TRACEPOINT: &str = "tcp_sendmsg_locked";
+
 impl DataHooks {
     pub fn name(self) -> &'static str {
         match self {
-            DataHooks::Socket => "socket",
+            DataHooks::Socket { .. } => "socket",
             DataHooks::Syscall => "syscall",
         }
     }
@@ -39,12 +49,15 @@ impl DataHooks {
     /// The programs of `sock.bpf.c` that only this data path loads.
     fn programs(self) -> &'static [&'static str] {
         match self {
-            DataHooks::Socket => &[
-                "on_sendmsg_locked",
+            DataHooks::Socket { send_start: true } => &[
+                SEND_START_PROGRAM,
                 "on_send_length",
                 "on_recv_length",
                 "on_vm_unmapped_area",
             ],
+            DataHooks::Socket { send_start: false } => {
+                &["on_send_length", "on_recv_length", "on_vm_unmapped_area"]
+            }
             DataHooks::Syscall => &["enter_syscall", "exit_syscall", "exit_syscall_compat"],
         }
     }
@@ -52,7 +65,12 @@ impl DataHooks {
 
 impl fmt::Display for DataHooks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            DataHooks::Socket { send_start: false } => {
+                f.write_str("socket (sends dated at their return)")
+            }
+            _ => f.write_str(self.name()),
+        }
     }
 }
 
@@ -60,17 +78,25 @@ impl fmt::Display for DataHooks {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
 pub enum DataHooksSetting {
-    /// Socket hooks where the kernel has their tracepoints, else syscall.
+    /// Socket hooks where the kernel has their tracepoints, else syscall;
+    /// the syscall hooks too where the socket hooks fail to load.
     #[default]
     Auto,
+    /// Socket hooks, each send dated at its start where the kernel can.
     Socket,
+    /// Socket hooks without the send-start hook: one hook less on every
+    /// socket send of every process, each send dated at its return.
+    #[value(name = "socket_at_return")]
+    SocketAtReturn,
+    /// The raw syscall hooks, which every syscall on the host pays for.
     Syscall,
 }
 
 /// The tracepoints the socket hooks attach to (besides the ones both data
-/// paths use), as the kernel's BTF names them (`btf_trace_<name>`).
+/// paths use), as the kernel's BTF names them (`btf_trace_<name>`); all but
+/// the send start's are needed.
 const SOCKET_TRACEPOINTS: [&str; 4] = [
-    "tcp_sendmsg_locked",
+    SEND_START_TRACEPOINT,
     "sock_send_length",
     "sock_recv_length",
     "vm_unmapped_area",
@@ -91,19 +117,45 @@ pub fn missing_socket_tracepoints() -> Vec<&'static str> {
         .collect()
 }
 
+/// Of `missing`, the tracepoints the socket hooks cannot do without.
+pub fn missing_required(missing: &[&'static str]) -> Vec<&'static str> {
+    missing
+        .iter()
+        .copied()
+        .filter(|&name| name != SEND_START_TRACEPOINT)
+        .collect()
+}
+
 impl DataHooksSetting {
     /// The data path for this setting on a kernel lacking `missing`.
-    pub fn choose(self, missing: &[&str]) -> Result<DataHooks> {
+    pub fn choose(self, missing: &[&'static str]) -> Result<DataHooks> {
+        let required = missing_required(missing);
+        let send_start = !missing.contains(&SEND_START_TRACEPOINT);
         match self {
             DataHooksSetting::Syscall => Ok(DataHooks::Syscall),
-            DataHooksSetting::Auto if missing.is_empty() => Ok(DataHooks::Socket),
-            DataHooksSetting::Auto => Ok(DataHooks::Syscall),
-            DataHooksSetting::Socket if missing.is_empty() => Ok(DataHooks::Socket),
-            DataHooksSetting::Socket => bail!(
-                "--data-hooks socket: this kernel has no {} tracepoint (the socket hooks need \
-                 Linux 6.16 or later; use --data-hooks auto or syscall)",
-                missing.join(", ")
-            ),
+            DataHooksSetting::Auto if !required.is_empty() => Ok(DataHooks::Syscall),
+            DataHooksSetting::Socket | DataHooksSetting::SocketAtReturn if !required.is_empty() => {
+                bail!(
+                    "--data-hooks {}: this kernel has no {} tracepoint (the socket hooks need \
+                     Linux 6.3 or later; use --data-hooks auto or syscall)",
+                    self.name(),
+                    required.join(", ")
+                )
+            }
+            DataHooksSetting::SocketAtReturn => Ok(DataHooks::Socket { send_start: false }),
+            DataHooksSetting::Auto | DataHooksSetting::Socket => {
+                Ok(DataHooks::Socket { send_start })
+            }
+        }
+    }
+
+    /// As written on the command line.
+    fn name(self) -> &'static str {
+        match self {
+            DataHooksSetting::Auto => "auto",
+            DataHooksSetting::Socket => "socket",
+            DataHooksSetting::SocketAtReturn => "socket_at_return",
+            DataHooksSetting::Syscall => "syscall",
         }
     }
 }
@@ -115,13 +167,15 @@ pub(super) fn select_data_programs(
     object: &mut libbpf_rs::OpenObject,
     hooks: DataHooks,
 ) -> Result<()> {
-    let other = match hooks {
-        DataHooks::Socket => DataHooks::Syscall,
-        DataHooks::Syscall => DataHooks::Socket,
-    };
     for mut program in object.progs_mut() {
         let name = program.name().to_string_lossy().into_owned();
-        if other.programs().contains(&name.as_str()) {
+        let ours = hooks.programs().contains(&name.as_str());
+        let any_path = DataHooks::Socket { send_start: true }
+            .programs()
+            .iter()
+            .chain(DataHooks::Syscall.programs())
+            .any(|p| *p == name);
+        if any_path && !ours {
             program.set_autoload(false);
         }
     }
@@ -136,37 +190,76 @@ pub(super) fn select_data_programs(
     Ok(())
 }
 
+/// Every data program this kernel can load (`tokentrace check
+/// --programs`): both paths, less the socket hooks' where their
+/// tracepoints are missing.
+pub(super) fn select_loadable_programs(object: &mut libbpf_rs::OpenObject) -> Result<()> {
+    let missing = missing_socket_tracepoints();
+    if !missing_required(&missing).is_empty() {
+        return select_data_programs(object, DataHooks::Syscall);
+    }
+    if missing.contains(&SEND_START_TRACEPOINT) {
+        for mut program in object.progs_mut() {
+            if program.name().to_string_lossy() == SEND_START_PROGRAM {
+                program.set_autoload(false);
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn auto_takes_the_socket_hooks_only_when_every_tracepoint_is_there() {
+    fn auto_takes_the_socket_hooks_where_their_needed_tracepoints_are() {
         assert!(matches!(
             DataHooksSetting::Auto.choose(&[]),
-            Ok(DataHooks::Socket)
+            Ok(DataHooks::Socket { send_start: true })
         ));
+        // 6.3 to 6.15: no send start, sends dated at their return.
         assert!(matches!(
             DataHooksSetting::Auto.choose(&["tcp_sendmsg_locked"]),
+            Ok(DataHooks::Socket { send_start: false })
+        ));
+        assert!(matches!(
+            DataHooksSetting::Auto.choose(&["tcp_sendmsg_locked", "sock_send_length"]),
             Ok(DataHooks::Syscall)
         ));
         assert!(matches!(
             DataHooksSetting::Syscall.choose(&[]),
             Ok(DataHooks::Syscall)
         ));
+        assert!(matches!(
+            DataHooksSetting::SocketAtReturn.choose(&[]),
+            Ok(DataHooks::Socket { send_start: false })
+        ));
     }
 
     #[test]
     fn socket_on_an_old_kernel_names_what_is_missing() {
-        let Err(err) = DataHooksSetting::Socket.choose(&["tcp_sendmsg_locked", "sock_send_length"])
-        else {
-            panic!("--data-hooks socket accepted on a kernel without the tracepoints");
-        };
-        let err = err.to_string();
-        assert!(
-            err.contains("tcp_sendmsg_locked, sock_send_length"),
-            "{err}"
-        );
-        assert!(err.contains("6.16"), "{err}");
+        for setting in [DataHooksSetting::Socket, DataHooksSetting::SocketAtReturn] {
+            let Err(err) = setting.choose(&["tcp_sendmsg_locked", "sock_send_length"]) else {
+                panic!("{setting:?} accepted on a kernel without the tracepoints");
+            };
+            let err = err.to_string();
+            // Only what the socket hooks cannot do without is named.
+            assert!(err.contains("no sock_send_length tracepoint"), "{err}");
+            assert!(err.contains("6.3"), "{err}");
+        }
+    }
+
+    #[test]
+    fn each_path_loads_its_own_programs_only() {
+        let start = DataHooks::Socket { send_start: true }.programs();
+        let at_return = DataHooks::Socket { send_start: false }.programs();
+        assert!(start.contains(&SEND_START_PROGRAM));
+        assert!(!at_return.contains(&SEND_START_PROGRAM));
+        assert!(at_return.iter().all(|p| start.contains(p)));
+        assert!(DataHooks::Syscall
+            .programs()
+            .iter()
+            .all(|p| !start.contains(p)));
     }
 }

@@ -14,7 +14,7 @@ mod uprobe_trial;
 mod verifier;
 
 pub use attached::AttachedProbes;
-pub use data_hooks::{missing_socket_tracepoints, DataHooks, DataHooksSetting};
+pub use data_hooks::{missing_required, missing_socket_tracepoints, DataHooks, DataHooksSetting};
 pub use failures::{whom, AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};
 pub use host::{
     ensure_tracefs, has_capability, load_failure, route_libbpf_logs, TracefsState, CAP_BPF,

@@ -76,7 +76,7 @@ impl SockProbes {
         rodata.hold_min_ns = settings.min_interval_ns;
         rodata.report_all_execs = settings.report_all_execs;
         rodata.report_listens = settings.report_listens;
-        rodata.socket_hooks = settings.data_hooks == DataHooks::Socket;
+        rodata.socket_hooks = matches!(settings.data_hooks, DataHooks::Socket { .. });
 
         let cpus = libbpf_rs::num_possible_cpus().context("counting possible CPUs")?;
         let cpus = u32::try_from(cpus).context("CPU count does not fit u32")?;

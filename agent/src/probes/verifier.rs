@@ -94,12 +94,7 @@ fn load_with_stats<'obj, B: SkelBuilder<'obj>>(
     if object == "sock" {
         super::sock::select_iov_programs(open.open_object_mut());
         // Both data paths where the kernel has the socket hooks' tracepoints.
-        if !super::data_hooks::missing_socket_tracepoints().is_empty() {
-            super::data_hooks::select_data_programs(
-                open.open_object_mut(),
-                super::data_hooks::DataHooks::Syscall,
-            )?;
-        }
+        super::data_hooks::select_loadable_programs(open.open_object_mut())?;
     }
     let programs = open
         .open_object_mut()

@@ -33,8 +33,8 @@ use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
 use crate::probes::{
-    ensure_tracefs, missing_socket_tracepoints, route_libbpf_logs, whom, DataHooks, HostUprobes,
-    ProbeSettings, UprobeMode,
+    ensure_tracefs, missing_socket_tracepoints, route_libbpf_logs, whom, DataHooks,
+    DataHooksSetting, HostUprobes, ProbeSettings, UprobeMode,
 };
 use crate::session::SessionHub;
 use crate::stitch::StitchStats;
@@ -156,28 +156,46 @@ fn data_hooks(config: &Config) -> Result<DataHooks> {
     Ok(hooks)
 }
 
-/// Loads the probes; the events they record go to `events_tx`.
+/// Loads the probes; the events they record go to `events_tx`. With
+/// `--data-hooks auto`, socket hooks that fail to load or attach (a kernel
+/// whose verifier this agent was never run against) give way to the
+/// syscall hooks, with a warning that says why.
 fn start_ingest(
     config: &Config,
     selector: &Selector,
     uprobe_mode: UprobeMode,
     events_tx: mpsc::Sender<Vec<Event>>,
 ) -> Result<Ingest> {
-    Ingest::start(
-        ProbeSettings {
-            capture_bytes: config.capture.bytes,
-            wakeup_bytes: config.capture.wakeup_bytes,
-            ring_buffer_bytes: config.capture.ring_buffer_bytes,
-            agent_pid: std::process::id(),
-            min_interval_ns: nanos(config.explain.min_interval),
-            report_all_execs: selector.exe.is_some() || selector.comm.is_some(),
-            report_listens: selector.is_automatic() || !selector.ports.is_empty(),
-            uprobe_mode,
-            data_hooks: data_hooks(config)?,
-        },
-        config.capture.poll_interval,
-        events_tx,
-    )
+    let settings = ProbeSettings {
+        capture_bytes: config.capture.bytes,
+        wakeup_bytes: config.capture.wakeup_bytes,
+        ring_buffer_bytes: config.capture.ring_buffer_bytes,
+        agent_pid: std::process::id(),
+        min_interval_ns: nanos(config.explain.min_interval),
+        report_all_execs: selector.exe.is_some() || selector.comm.is_some(),
+        report_listens: selector.is_automatic() || !selector.ports.is_empty(),
+        uprobe_mode,
+        data_hooks: data_hooks(config)?,
+    };
+    let poll = config.capture.poll_interval;
+    let auto = config.capture.data_hooks == DataHooksSetting::Auto;
+    match Ingest::start(settings.clone(), poll, events_tx.clone()) {
+        Err(err) if auto && matches!(settings.data_hooks, DataHooks::Socket { .. }) => {
+            tracing::warn!(
+                "the socket hooks did not load ({err:#}); using the syscall hooks, which every \
+                 syscall on the host pays for (--data-hooks syscall skips this try)"
+            );
+            Ingest::start(
+                ProbeSettings {
+                    data_hooks: DataHooks::Syscall,
+                    ..settings
+                },
+                poll,
+                events_tx,
+            )
+        }
+        started => started,
+    }
 }
 
 /// Traces the processes running now and attaches their uprobes; returns

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
 /*
- * The data path without syscall hooks (socket hooks, kernels 6.16+; the
+ * The data path without syscall hooks (socket hooks, kernels 6.3+; the
  * agent loads these programs or the tp_btf/sys_enter + sys_exit pair of
- * sock.bpf.c, never both: see probes/sock.rs).
+ * sock.bpf.c, never both: see probes/data_hooks.rs).
  *
  * Why: a program on sys_enter/sys_exit, raw or not, sets
  * SYSCALL_WORK_SYSCALL_TRACEPOINT on every task of the host, so every
@@ -11,9 +11,11 @@
  * running, 16-byte send()s 0.89x). The socket layer's own tracepoints fire
  * only for socket calls and cost nothing where they are not attached:
  *
- * - tcp_sendmsg_locked (6.16+): inside a TCP send, before any byte is
- *   queued: the send's start, when its first byte is handed to the kernel
- *   (the chunk's emit time; a blocking send may return much later);
+ * - tcp_sendmsg_locked (6.16+, optional): inside a TCP send, before any
+ *   byte is queued: the send's start, when its first byte is handed to the
+ *   kernel (the chunk's emit time; a blocking send may return much later).
+ *   Where the kernel lacks it, or the agent leaves it out (one hook less on
+ *   every socket send of every process), a send is dated at its return;
  * - sock_send_length / sock_recv_length (6.3+): every socket send and
  *   receive, after the protocol moved its bytes, with the count;
  * - inet_sock_set_state (sock.bpf.c's on_sock_state): listen() and the
@@ -177,8 +179,10 @@ int BPF_PROG(on_send_length, struct sock *sk, int ret, int flags)
 	}
 	if (!inet_tcp(sk) || !io_args_of_syscall(&a, true))
 		return 0;
+	/* No start: the send failed before its first byte, or the send-start
+	 * hook is not loaded (dated at its return). */
 	if (!a.ts_enter)
-		a.ts_enter = bpf_ktime_get_ns(); /* failed before its first byte */
+		a.ts_enter = bpf_ktime_get_ns();
 	no_preempt_begin();
 	int rc = io_done(pid_tgid, &a, ret, true, true, sk);
 	no_preempt_end();

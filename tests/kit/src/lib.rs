@@ -25,7 +25,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
@@ -161,13 +161,8 @@ pub fn agent_bin() -> PathBuf {
 /// ok"): then a connection's accept is dated by the server's first read or
 /// write on it, not by accept()'s return.
 pub fn socket_data_hooks() -> bool {
-    socket_data_hooks_of(&agent_bin())
-}
-
-/// [`socket_data_hooks`] for the agent binary `agent` (the bench's).
-/// Panics when it cannot run it or its check prints no such line.
-pub fn socket_data_hooks_of(agent: &Path) -> bool {
-    let out = Command::new(agent)
+    let agent = agent_bin();
+    let out = Command::new(&agent)
         .arg("check")
         .output()
         .unwrap_or_else(|e| panic!("running {} check: {e}", agent.display()));

@@ -25,17 +25,6 @@ pub(super) fn use_data_hooks(hooks: &str) {
     let _ = DATA_HOOKS.set(hooks.to_string());
 }
 
-/// The data path the agents run with: `socket` or `syscall`, as
-/// `--data-hooks` says or, for auto, as `tokentrace check` finds the kernel.
-pub(super) fn data_path(agent_bin: &Path) -> &'static str {
-    match DATA_HOOKS.get().map(String::as_str) {
-        Some("socket") => "socket",
-        Some("syscall") => "syscall",
-        _ if tokentrace_testkit::socket_data_hooks_of(agent_bin) => "socket",
-        _ => "syscall",
-    }
-}
-
 pub(super) struct TracingAgent {
     guard: Guard,
     pub pid: u32,

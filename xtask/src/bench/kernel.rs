@@ -42,7 +42,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
-use super::agent::data_path;
 use super::floor::{agent_tracepoints, EmptyHooks};
 use super::untraced::gated_loop;
 use super::{cpu_ticks, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
@@ -219,13 +218,34 @@ fn us_per_chunk(ticks: u64, chunks: f64) -> f64 {
 }
 
 pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
-    let data_path = data_path(agent_bin);
+    // What the agent attaches, read from its links: the data path it took,
+    // and where the tracepoint floor puts its empty programs.
+    let tracepoints = {
+        let idle = Guard(
+            Command::new("sleep")
+                .arg("3600")
+                .spawn()
+                .context("starting an idle process to trace")?,
+        );
+        let agent = TracingAgent::start(agent_bin, idle.0.id())?;
+        let names = agent_tracepoints(agent.pid)?;
+        agent.stop()?;
+        names
+    };
+    let has = |name: &str| tracepoints.iter().any(|t| t == name);
+    let data_path = if has("sys_enter") {
+        "syscall"
+    } else if has("tcp_sendmsg_locked") {
+        "socket"
+    } else {
+        "socket_at_return"
+    };
     let mut out = format!(
         "kernel data path: {data_path} hooks ({})\n",
-        if data_path == "socket" {
-            "tcp_sendmsg_locked, sock_send_length, sock_recv_length: no syscall hook"
-        } else {
-            "tp_btf sys_enter/sys_exit: every syscall on the host takes the slow path"
+        match data_path {
+            "syscall" => "tp_btf sys_enter/sys_exit: every syscall on the host takes the slow path",
+            "socket" => "tcp_sendmsg_locked, sock_send_length, sock_recv_length: no syscall hook",
+            _ => "sock_send_length, sock_recv_length: no syscall hook, no send-start hook (each send dated at its return)",
         }
     );
     let port = free_port()?;
@@ -330,13 +350,6 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             .spawn()
             .context("starting an idle process to trace")?,
     );
-    // The floor: empty programs where the agent's are (its links' tracepoints).
-    let tracepoints = {
-        let agent = TracingAgent::start(agent_bin, idle.0.id())?;
-        let names = agent_tracepoints(agent.pid)?;
-        agent.stop()?;
-        names
-    };
     out.push_str(&format!(
         "tracepoint floor: the same loops with an empty BPF program (r0 = 0; exit) on each of the agent's tracepoints ({}): what any program there costs\n",
         tracepoints.join(", ")
