@@ -218,15 +218,16 @@ fn us_per_chunk(ticks: u64, chunks: f64) -> f64 {
 }
 
 pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {
+    // An agent tracing it sees every hit of the untraced loops as untraced.
+    let idle = Guard(
+        Command::new("sleep")
+            .arg("3600")
+            .spawn()
+            .context("starting an idle process to trace")?,
+    );
     // What the agent attaches, read from its links: the data path it took,
     // and where the tracepoint floor puts its empty programs.
     let tracepoints = {
-        let idle = Guard(
-            Command::new("sleep")
-                .arg("3600")
-                .spawn()
-                .context("starting an idle process to trace")?,
-        );
         let agent = TracingAgent::start(agent_bin, idle.0.id())?;
         let names = agent_tracepoints(agent.pid)?;
         agent.stop()?;
@@ -323,12 +324,6 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             format_stats(&rows),
             total_ns / 1e3 / t.chunks.max(1.0)
         ));
-        let idle = Guard(
-            Command::new("sleep")
-                .arg("3600")
-                .spawn()
-                .context("starting an idle process to trace")?,
-        );
         let agent = TracingAgent::start(agent_bin, idle.0.id())?;
         let before = prog_stats(agent.pid)?;
         gated_loop("write-loop", "writes_per_s", opts.seconds)?;
@@ -344,12 +339,6 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
     }
 
     // ---- taxes on untraced processes
-    let idle = Guard(
-        Command::new("sleep")
-            .arg("3600")
-            .spawn()
-            .context("starting an idle process to trace")?,
-    );
     out.push_str(&format!(
         "tracepoint floor: the same loops with an empty BPF program (r0 = 0; exit) on each of the agent's tracepoints ({}): what any program there costs\n",
         tracepoints.join(", ")
