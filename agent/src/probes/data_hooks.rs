@@ -149,6 +149,24 @@ impl DataHooksSetting {
         }
     }
 
+    /// `start(hooks)`, and under `auto`, where socket hooks fail to load or
+    /// attach (a kernel whose verifier this agent was never run against),
+    /// `start(Syscall)` after `fell_back` was told why.
+    pub fn start_with_fallback<T>(
+        self,
+        hooks: DataHooks,
+        mut start: impl FnMut(DataHooks) -> Result<T>,
+        fell_back: impl FnOnce(&anyhow::Error),
+    ) -> Result<T> {
+        match start(hooks) {
+            Err(err) if self == DataHooksSetting::Auto && hooks != DataHooks::Syscall => {
+                fell_back(&err);
+                start(DataHooks::Syscall)
+            }
+            started => started,
+        }
+    }
+
     /// As written on the command line.
     fn name(self) -> &'static str {
         match self {
@@ -248,6 +266,41 @@ mod tests {
             assert!(err.contains("no sock_send_length tracepoint"), "{err}");
             assert!(err.contains("6.3"), "{err}");
         }
+    }
+
+    #[test]
+    fn only_auto_falls_back_and_only_from_socket_hooks_that_failed() {
+        let socket = DataHooks::Socket { send_start: true };
+        let fails_on_socket = |hooks: DataHooks| match hooks {
+            DataHooks::Socket { .. } => bail!("verifier says no"),
+            DataHooks::Syscall => Ok(hooks),
+        };
+        let mut told = None;
+        let started = DataHooksSetting::Auto
+            .start_with_fallback(socket, fails_on_socket, |e| told = Some(e.to_string()));
+        assert_eq!(started.ok(), Some(DataHooks::Syscall));
+        assert_eq!(told.as_deref(), Some("verifier says no"));
+        // Asked for by name: the failure is the answer.
+        for setting in [DataHooksSetting::Socket, DataHooksSetting::SocketAtReturn] {
+            let started = setting
+                .start_with_fallback(socket, fails_on_socket, |_| panic!("{setting:?} fell back"));
+            assert!(started.is_err(), "{setting:?}");
+        }
+        // Socket hooks that load are kept; a syscall failure is not retried.
+        let mut tries = 0;
+        let started = DataHooksSetting::Auto.start_with_fallback(
+            DataHooks::Syscall,
+            |_| -> Result<()> {
+                tries += 1;
+                bail!("no tracefs")
+            },
+            |_| panic!("fell back from the syscall hooks"),
+        );
+        assert!(started.is_err());
+        assert_eq!(tries, 1);
+        let started =
+            DataHooksSetting::Auto.start_with_fallback(socket, Ok, |_| panic!("fell back"));
+        assert_eq!(started.ok(), Some(socket));
     }
 
     #[test]

@@ -33,8 +33,8 @@ use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
 use crate::probes::{
-    ensure_tracefs, missing_socket_tracepoints, route_libbpf_logs, whom, DataHooks,
-    DataHooksSetting, HostUprobes, ProbeSettings, UprobeMode,
+    ensure_tracefs, missing_socket_tracepoints, route_libbpf_logs, whom, DataHooks, HostUprobes,
+    ProbeSettings, UprobeMode,
 };
 use crate::session::SessionHub;
 use crate::stitch::StitchStats;
@@ -178,24 +178,25 @@ fn start_ingest(
         data_hooks: data_hooks(config)?,
     };
     let poll = config.capture.poll_interval;
-    let auto = config.capture.data_hooks == DataHooksSetting::Auto;
-    match Ingest::start(settings.clone(), poll, events_tx.clone()) {
-        Err(err) if auto && matches!(settings.data_hooks, DataHooks::Socket { .. }) => {
+    config.capture.data_hooks.start_with_fallback(
+        settings.data_hooks,
+        |data_hooks| {
+            Ingest::start(
+                ProbeSettings {
+                    data_hooks,
+                    ..settings.clone()
+                },
+                poll,
+                events_tx.clone(),
+            )
+        },
+        |err| {
             tracing::warn!(
                 "the socket hooks did not load ({err:#}); using the syscall hooks, which every \
                  syscall on the host pays for (--data-hooks syscall skips this try)"
-            );
-            Ingest::start(
-                ProbeSettings {
-                    data_hooks: DataHooks::Syscall,
-                    ..settings
-                },
-                poll,
-                events_tx,
             )
-        }
-        started => started,
-    }
+        },
+    )
 }
 
 /// Traces the processes running now and attaches their uprobes; returns
