@@ -54,6 +54,24 @@ pub struct CheckArgs {
     pub programs: bool,
 }
 
+/// How the kernel side attaches: `run`'s and a local `record`'s.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ProbeArgs {
+    /// How uprobes are attached (overrides discovery.uprobe_mode): auto
+    /// picks uprobe_multi links where the kernel has them (no
+    /// CAP_SYS_ADMIN needed), else perf events, else tracefs.
+    #[arg(long, value_enum, env = "TOKENTRACE_UPROBE_MODE")]
+    pub uprobe_mode: Option<crate::probes::UprobeModeSetting>,
+
+    /// Which hooks feed the data path (overrides capture.data_hooks): auto
+    /// picks the socket layer's tracepoints where the kernel has them
+    /// (Linux 6.3+; from 6.16 each send is dated at its start, before at
+    /// its return), else the syscall hooks, which every syscall on the host
+    /// pays for.
+    #[arg(long, value_enum, env = "TOKENTRACE_DATA_HOOKS")]
+    pub data_hooks: Option<crate::probes::DataHooksSetting>,
+}
+
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
     /// Trace this process (repeatable). Children it forks are traced too.
@@ -99,19 +117,8 @@ pub struct RunArgs {
     #[arg(long, env = "TOKENTRACE_UPROBES_ALL_PROCESSES")]
     pub uprobes_all_processes: bool,
 
-    /// How uprobes are attached (overrides discovery.uprobe_mode): auto
-    /// picks uprobe_multi links where the kernel has them (no
-    /// CAP_SYS_ADMIN needed), else perf events, else tracefs.
-    #[arg(long, value_enum, env = "TOKENTRACE_UPROBE_MODE")]
-    pub uprobe_mode: Option<crate::probes::UprobeModeSetting>,
-
-    /// Which hooks feed the data path (overrides capture.data_hooks): auto
-    /// picks the socket layer's tracepoints where the kernel has them
-    /// (Linux 6.3+; from 6.16 each send is dated at its start, before at
-    /// its return), else the syscall hooks, which every syscall on the host
-    /// pays for.
-    #[arg(long, value_enum, env = "TOKENTRACE_DATA_HOOKS")]
-    pub data_hooks: Option<crate::probes::DataHooksSetting>,
+    #[command(flatten)]
+    pub probes: ProbeArgs,
 
     /// Go on (and say ready) when probes the traced processes need cannot
     /// be attached (discovery.allow_degraded); the ready line lists them.
@@ -178,6 +185,10 @@ pub struct RecordArgs {
     #[arg(long)]
     pub capture_bytes: Option<u32>,
 
+    /// `--uprobe-mode` and `--data-hooks`, as for `run` (local recording).
+    #[command(flatten)]
+    pub probes: ProbeArgs,
+
     /// Run the session on the agent serving this control endpoint
     /// (`tokentrace run` on that node), e.g. http://node-1:9465.
     #[arg(long)]
@@ -238,4 +249,40 @@ pub struct TopArgs {
     /// /var/lib/tokentrace/sessions/control.token).
     #[arg(long, requires = "remote")]
     pub token_file: Option<PathBuf>,
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::probes::{DataHooksSetting, UprobeModeSetting};
+
+    #[test]
+    fn run_and_record_take_the_same_probe_flags() {
+        let flags = ["--data-hooks", "syscall", "--uprobe-mode", "tracefs"];
+        let expected = (
+            Some(DataHooksSetting::Syscall),
+            Some(UprobeModeSetting::Tracefs),
+        );
+        let run = Cli::try_parse_from(["tokentrace", "run", "--pid", "1"].into_iter().chain(flags))
+            .expect("run parses");
+        let Command::Run(run) = run.command else {
+            panic!("not run");
+        };
+        assert_eq!((run.probes.data_hooks, run.probes.uprobe_mode), expected);
+        let record = Cli::try_parse_from(
+            ["tokentrace", "record", "--pid", "1", "--out", "/tmp/x"]
+                .into_iter()
+                .chain(flags),
+        )
+        .expect("record parses");
+        let Command::Record(record) = record.command else {
+            panic!("not record");
+        };
+        assert_eq!(
+            (record.probes.data_hooks, record.probes.uprobe_mode),
+            expected
+        );
+    }
 }

@@ -112,10 +112,10 @@ fn validated(args: &RunArgs) -> Result<(Config, Selector)> {
     if let Some(bytes) = args.capture_bytes {
         config.capture.bytes = bytes;
     }
-    if let Some(mode) = args.uprobe_mode {
+    if let Some(mode) = args.probes.uprobe_mode {
         config.discovery.uprobe_mode = mode;
     }
-    if let Some(hooks) = args.data_hooks {
+    if let Some(hooks) = args.probes.data_hooks {
         config.capture.data_hooks = hooks;
     }
     config.discovery.allow_degraded |= args.allow_degraded;
