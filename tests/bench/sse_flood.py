@@ -238,6 +238,16 @@ def ssl_loop(args):
     }), flush=True)
 
 
+def gated(seconds, batch, per_batch, unit):
+    """The untraced loops' run: prints READY <pid>, waits for a line on
+    stdin (time to attach a tracer), runs batch() for `seconds` (timed()) and
+    prints one JSON line {unit, "seconds", unit + "_per_s"}."""
+    print("READY %d" % os.getpid(), flush=True)
+    sys.stdin.readline()
+    count, elapsed = timed(seconds, batch, per_batch)
+    print(json.dumps({unit: count, "seconds": elapsed, unit + "_per_s": count / elapsed}), flush=True)
+
+
 def loopback_pair():
     """A connected loopback TCP pair (sending end with TCP_NODELAY, receiving end)."""
     listener = socket.socket()
@@ -258,22 +268,17 @@ def write_loop(args):
             pass
 
     threading.Thread(target=drain, daemon=True).start()
-    print("READY %d" % os.getpid(), flush=True)
-    sys.stdin.readline()
     payload = b"x" * 16
     def batch():
         for _ in range(500):
             out.send(payload)
 
-    writes, elapsed = timed(args.seconds, batch, 500)
+    gated(args.seconds, batch, 500, "writes")
     out.close()
-    print(json.dumps({"writes": writes, "seconds": elapsed, "writes_per_s": writes / elapsed}), flush=True)
 
 
 def send_recv_loop(args):
     out, inp = loopback_pair()
-    print("READY %d" % os.getpid(), flush=True)
-    sys.stdin.readline()
     payload = b"x" * 16
 
     def batch():
@@ -281,10 +286,8 @@ def send_recv_loop(args):
             out.send(payload)
             inp.recv(65536)
 
-    iterations, elapsed = timed(args.seconds, batch, 500)
+    gated(args.seconds, batch, 500, "iterations")
     out.close()
-    print(json.dumps({"iterations": iterations, "seconds": elapsed,
-                      "iterations_per_s": iterations / elapsed}), flush=True)
 
 
 def pingpong(args):
@@ -296,28 +299,22 @@ def pingpong(args):
             os.write(pong_w, b"p")
 
     threading.Thread(target=echo, daemon=True).start()
-    print("READY %d" % os.getpid(), flush=True)
-    sys.stdin.readline()
     def batch():
         for _ in range(200):
             os.write(ping_w, b"p")
             os.read(pong_r, 1)
 
-    trips, elapsed = timed(args.seconds, batch, 200)
+    gated(args.seconds, batch, 200, "round_trips")
     os.write(ping_w, b"q")
-    print(json.dumps({"round_trips": trips, "seconds": elapsed, "round_trips_per_s": trips / elapsed}), flush=True)
 
 
 def syscall_loop(args):
-    print("READY %d" % os.getpid(), flush=True)
-    sys.stdin.readline()
     getppid = os.getppid
     def batch():
         for _ in range(1000):
             getppid()
 
-    calls, elapsed = timed(args.seconds, batch, 1000)
-    print(json.dumps({"syscalls": calls, "seconds": elapsed, "syscalls_per_s": calls / elapsed}), flush=True)
+    gated(args.seconds, batch, 1000, "syscalls")
 
 
 def main():
