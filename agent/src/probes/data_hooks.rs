@@ -185,18 +185,14 @@ pub(super) fn select_data_programs(
     object: &mut libbpf_rs::OpenObject,
     hooks: DataHooks,
 ) -> Result<()> {
-    for mut program in object.progs_mut() {
-        let name = program.name().to_string_lossy().into_owned();
-        let ours = hooks.programs().contains(&name.as_str());
+    leave_out(object, |name| {
         let any_path = DataHooks::Socket { send_start: true }
             .programs()
             .iter()
             .chain(DataHooks::Syscall.programs())
             .any(|p| *p == name);
-        if any_path && !ours {
-            program.set_autoload(false);
-        }
-    }
+        any_path && !hooks.programs().contains(&name)
+    });
     if hooks == DataHooks::Syscall {
         for mut map in object.maps_mut() {
             if map.name() == "send_starts" {
@@ -217,13 +213,18 @@ pub(super) fn select_loadable_programs(object: &mut libbpf_rs::OpenObject) -> Re
         return select_data_programs(object, DataHooks::Syscall);
     }
     if missing.contains(&SEND_START_TRACEPOINT) {
-        for mut program in object.progs_mut() {
-            if program.name().to_string_lossy() == SEND_START_PROGRAM {
-                program.set_autoload(false);
-            }
-        }
+        leave_out(object, |name| name == SEND_START_PROGRAM);
     }
     Ok(())
+}
+
+/// Does not load the programs of `object` whose names `unwanted` picks.
+fn leave_out(object: &mut libbpf_rs::OpenObject, unwanted: impl Fn(&str) -> bool) {
+    for mut program in object.progs_mut() {
+        if unwanted(&program.name().to_string_lossy()) {
+            program.set_autoload(false);
+        }
+    }
 }
 
 #[cfg(test)]
