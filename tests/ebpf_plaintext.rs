@@ -107,15 +107,7 @@ fn root_stdlib_sse_framing_in_separate_writes() {
 #[test]
 fn root_stdlib_sse_through_the_syscall_hooks() {
     require_root("root_stdlib_sse_through_the_syscall_hooks");
-    scenario_with(
-        "stdlib http.server SSE, 3 writes per chunk, --data-hooks syscall",
-        ServerKind::Stdlib,
-        &[],
-        Selector::PidWith(&["--data-hooks", "syscall"]),
-        &sse_runs(None),
-        &SSE,
-        &Tolerance::light(),
-    );
+    stdlib_sse_with(&["--data-hooks", "syscall"]);
 }
 
 /// The socket hooks without the send-start hook, the data path of kernels
@@ -125,11 +117,20 @@ fn root_stdlib_sse_through_the_syscall_hooks() {
 #[test]
 fn root_stdlib_sse_with_sends_dated_at_their_return() {
     require_root("root_stdlib_sse_with_sends_dated_at_their_return");
+    stdlib_sse_with(&["--data-hooks", "socket_at_return"]);
+}
+
+/// The stdlib SSE scenario (3 writes per chunk) with the agent's `flags`,
+/// judged by the same brackets as the default data path.
+fn stdlib_sse_with(flags: &'static [&'static str]) {
     scenario_with(
-        "stdlib http.server SSE, 3 writes per chunk, --data-hooks socket_at_return",
+        &format!(
+            "stdlib http.server SSE, 3 writes per chunk, {}",
+            flags.join(" ")
+        ),
         ServerKind::Stdlib,
         &[],
-        Selector::PidWith(&["--data-hooks", "socket_at_return"]),
+        Selector::PidWith(flags),
         &sse_runs(None),
         &SSE,
         &Tolerance::light(),
