@@ -25,6 +25,19 @@ pub(super) fn use_data_hooks(hooks: &str) {
     let _ = DATA_HOOKS.set(hooks.to_string());
 }
 
+/// The text of each of `pid`'s /proc/PID/fdinfo entries (fds closed while
+/// reading are skipped): where the kernel says what the agent's BPF
+/// programs, maps and links are.
+pub(super) fn fdinfo(pid: u32) -> Result<Vec<String>> {
+    let mut texts = Vec::new();
+    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
+        if let Ok(text) = std::fs::read_to_string(entry?.path()) {
+            texts.push(text);
+        }
+    }
+    Ok(texts)
+}
+
 pub(super) struct TracingAgent {
     guard: Guard,
     pub pid: u32,

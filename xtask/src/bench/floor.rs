@@ -8,6 +8,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context, Result};
 
+use super::agent::fdinfo;
 use crate::util::{self, Guard};
 
 const EMPTY_HOOKS: &str = "tests/bench/empty_hooks.py";
@@ -17,10 +18,7 @@ const EMPTY_HOOKS: &str = "tests/bench/empty_hooks.py";
 /// sorted, without repeats.
 pub(super) fn agent_tracepoints(pid: u32) -> Result<Vec<String>> {
     let mut names = Vec::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
-            continue;
-        };
+    for text in fdinfo(pid)? {
         if !text.contains("link_type:") {
             continue;
         }

@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 
+use super::agent::fdinfo;
 use super::floor::{agent_tracepoints, EmptyHooks};
 use super::untraced::gated_loop;
 use super::{cpu_ticks, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
@@ -52,10 +53,7 @@ const CLK_TCK: f64 = 100.0; // USER_HZ on Linux
 /// run_time_ns and run_cnt of each of `pid`'s BPF programs, by name.
 fn prog_stats(pid: u32) -> Result<BTreeMap<String, (u64, u64)>> {
     let mut by_id: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
-            continue;
-        };
+    for text in fdinfo(pid)? {
         let field = |key: &str| {
             text.lines()
                 .find_map(|l| l.strip_prefix(key))
@@ -170,10 +168,7 @@ fn rss_breakdown(pid: u32) -> Result<(u64, u64, u64)> {
 /// largest (the ring buffer).
 fn map_memlock_kib(pid: u32) -> Result<(u64, u64)> {
     let (mut total, mut largest) = (0u64, 0u64);
-    for entry in std::fs::read_dir(format!("/proc/{pid}/fdinfo"))? {
-        let Ok(text) = std::fs::read_to_string(entry?.path()) else {
-            continue;
-        };
+    for text in fdinfo(pid)? {
         if !text.contains("map_type:") {
             continue;
         }
