@@ -104,10 +104,16 @@ impl Drop for Guard {
     }
 }
 
-/// Starts a test/demo server script and waits for its `READY <port>` line.
+/// Starts a test/demo server script (python3, or node for a `.js`) and
+/// waits for its `READY <port>` line.
 pub fn start_server(script: &str, args: &[&str]) -> Result<Guard> {
     use std::io::{BufRead, BufReader};
-    let mut child = Command::new("python3")
+    let interpreter = if script.ends_with(".js") {
+        "node"
+    } else {
+        "python3"
+    };
+    let mut child = Command::new(interpreter)
         .arg(root().join(script))
         .args(args)
         .stdout(Stdio::piped())

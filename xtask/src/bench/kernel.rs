@@ -8,6 +8,9 @@
 //!   time from start to `ready` and its peak RSS, broken down from
 //!   /proc/PID/smaps (ring buffer and map mmaps, heap, the rest) and the
 //!   kernel memory of its maps (fdinfo `memlock`).
+//! - **node flood** (`node_flood.rs`): issue 25's workload, node's `http`
+//!   with one writev per chunk, as a fixed amount of work per round: the
+//!   same ratio, agent and server figures, and BPF time per chunk.
 //! - **BPF ns per run**: `kernel.bpf_stats_enabled` on for one more flood
 //!   round (traced hits dominate the server's programs) and for untraced
 //!   loops while the agent traces an idle process (every hit untraced):
@@ -47,6 +50,8 @@ use super::floor::{agent_tracepoints, EmptyHooks};
 use super::untraced::gated_loop;
 use super::{cpu_ticks, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
 use crate::util::{free_port, start_server, Guard};
+
+mod node_flood;
 
 const CLK_TCK: f64 = 100.0; // USER_HZ on Linux
 
@@ -303,6 +308,8 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         "agent peak RSS {rss} KiB: ring buffer and map mmaps {bpf_kib} KiB, heap and anonymous {anon_kib} KiB, binary and other file mappings {other_kib} KiB (resident at the peak round's end); kernel memory of its maps {memlock} KiB (ring buffer {ring} KiB); about {} KiB without the ring buffer's second mapping (libbpf maps its data pages twice, so that a record that wraps reads in one piece, and the kernel maps every page at mmap: the same memory counted twice)\n",
         rss.saturating_sub(ring)
     ));
+
+    node_flood::run(agent_bin, opts, &mut out)?;
 
     // ---- BPF ns per run: traced flood, then untraced loops
     {
