@@ -102,6 +102,23 @@ fn root_stdlib_sse_framing_in_separate_writes() {
     );
 }
 
+/// Each chunk as one sendmsg() of 12 iovecs (size line, the event in ten
+/// pieces, CRLF): more iovecs than the probes read in one piece (8), so the
+/// payload comes from both the inline walk and the bpf_loop after it, and
+/// every event must still be counted and timed whole.
+#[test]
+fn root_stdlib_sse_one_sendmsg_of_many_iovecs() {
+    require_root("root_stdlib_sse_one_sendmsg_of_many_iovecs");
+    scenario(
+        "stdlib http.server SSE, one sendmsg of 12 iovecs per chunk",
+        ServerKind::Stdlib,
+        &["--iovecs", "12"],
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
 /// The syscall hooks, the data path of kernels without the socket hooks'
 /// tracepoints (before 6.3), chosen here by hand: the same brackets hold.
 #[test]

@@ -3,6 +3,7 @@
 
 Run:  python3 tests/servers/stdlib_sse.py --port P [--host 127.0.0.1]
                                           [--realistic] [--nagle]
+                                          [--iovecs N]
                                           [--ssl-certfile C --ssl-keyfile K
                                            [--late-tls]]
       (--port 0 picks a free port). Prints ``READY <port>`` on stdout,
@@ -38,6 +39,11 @@ clock of bpf_ktime_get_ns):
 token latency 15-45 ms with jitter (occasional longer stall), model name
 "demo-llama-3-8b", realistic token text, max_tokens defaults to 64. Explicit
 "ttft_ms"/"token_delay_ms" in a request body still win.
+
+--iovecs N (plaintext only): each chunk (size line, data, CRLF) goes out
+as ONE sendmsg() of N iovecs instead (the size line, the data cut into
+N - 2 pieces, the CRLF; a piece may be empty), the way writev-based servers
+(node, asyncio's writelines) frame theirs, with more pieces than they do.
 
 TCP_NODELAY is set on accepted sockets (as asyncio servers do) unless
 --nagle is given; with Nagle on, the 3-write framing can be held back.
@@ -111,7 +117,7 @@ def _split_tokens(text):
 
 DEMO_TOKENS = _split_tokens(DEMO_TEXT)
 
-CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None}
+CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None, "iovecs": 0}
 TLS_STATE = {"lock": threading.Lock(), "port": None}
 
 
@@ -211,10 +217,28 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()  # one write: status line + headers
 
     def _write_chunk(self, data):
+        iovecs = CONFIG["iovecs"]
+        if iovecs:
+            # one sendmsg: size line, the data in iovecs - 2 pieces, CRLF
+            cuts = [len(data) * k // (iovecs - 2) for k in range(iovecs - 1)]
+            pieces = [data[a:b] for a, b in zip(cuts, cuts[1:])]
+            self._send_all([b"%x\r\n" % len(data), *pieces, b"\r\n"])
+            return
         # three separate unbuffered writes: size line, data, trailing CRLF
         self.wfile.write(b"%x\r\n" % len(data))
         self.wfile.write(data)
         self.wfile.write(b"\r\n")
+
+    def _send_all(self, buffers):
+        """sendmsg() until every byte of `buffers` is gone."""
+        views = [memoryview(b) for b in buffers]
+        while views:
+            sent = self.connection.sendmsg(views)
+            while views and sent >= len(views[0]):
+                sent -= len(views[0])
+                views.pop(0)
+            if views and sent:
+                views[0] = views[0][sent:]
 
     def _end_chunked(self):
         self.wfile.write(b"0\r\n\r\n")
@@ -418,13 +442,22 @@ def main():
         action="store_true",
         help="serve only from a child forked on SIGUSR1",
     )
+    ap.add_argument(
+        "--iovecs",
+        type=int,
+        default=0,
+        help="each chunk as one sendmsg() of this many iovecs (at least 3; plaintext)",
+    )
     args = ap.parse_args()
+    if args.iovecs and (args.iovecs < 3 or args.ssl_certfile is not None):
+        ap.error("--iovecs needs at least 3 and plaintext")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
         ap.error("--ssl-keyfile and --ssl-certfile go together")
     if args.late_tls and args.ssl_certfile is None:
         ap.error("--late-tls needs --ssl-certfile and --ssl-keyfile")
     CONFIG["realistic"] = args.realistic
     CONFIG["nodelay"] = not args.nagle
+    CONFIG["iovecs"] = args.iovecs
     CONFIG["certfile"], CONFIG["keyfile"] = args.ssl_certfile, args.ssl_keyfile
     CONFIG["host"] = args.host
     if args.ssl_certfile is not None and not args.late_tls:
