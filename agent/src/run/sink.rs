@@ -36,10 +36,13 @@ pub(super) struct Printer {
 }
 
 impl Printer {
+    /// One write per line: stdout's line buffer is 1 KiB, so `writeln!`
+    /// sent a JSON timeline (4 KiB at 200 chunks) and its newline in two.
     fn print(&mut self, timeline: &RequestTimeline) -> io::Result<()> {
-        let line = self.format.line(timeline);
+        let mut line = self.format.line(timeline);
+        line.push('\n');
         let mut out = self.out.lock();
-        writeln!(out, "{line}")?;
+        out.write_all(line.as_bytes())?;
         out.flush()
     }
 }
