@@ -104,7 +104,7 @@ fn root_stdlib_sse_framing_in_separate_writes() {
 
 /// Each chunk as one sendmsg() of 12 iovecs (size line, the event in ten
 /// pieces, CRLF): more iovecs than the probes read in one piece (8), so the
-/// payload comes from both the inline walk and the bpf_loop after it, and
+/// walk takes its first iovecs from that read and the rest one by one, and
 /// every event must still be counted and timed whole.
 #[test]
 fn root_stdlib_sse_one_sendmsg_of_many_iovecs() {
