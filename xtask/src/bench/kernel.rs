@@ -189,10 +189,24 @@ fn map_memlock_kib(pid: u32) -> Result<(u64, u64)> {
     Ok((total, largest))
 }
 
+/// What one flood round cost: CPU ticks of the server and of the agent
+/// (0 without one) over the chunks it streamed.
 struct FloodRound {
     chunks: f64,
     server_ticks: u64,
     agent_ticks: u64,
+}
+
+impl FloodRound {
+    /// µs per chunk: the server untraced (`self`), the server traced and
+    /// the agent (`traced`).
+    fn per_chunk(&self, traced: &FloodRound) -> (f64, f64, f64) {
+        (
+            us_per_chunk(self.server_ticks, self.chunks),
+            us_per_chunk(traced.server_ticks, traced.chunks),
+            us_per_chunk(traced.agent_ticks, traced.chunks),
+        )
+    }
 }
 
 fn flood_round(
@@ -270,11 +284,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             peak = (rss, rss_breakdown(agent.pid)?, map_memlock_kib(agent.pid)?);
         }
         agent.stop()?;
-        let (sb, st, ag) = (
-            us_per_chunk(b.server_ticks, b.chunks),
-            us_per_chunk(t.server_ticks, t.chunks),
-            us_per_chunk(t.agent_ticks, t.chunks),
-        );
+        let (sb, st, ag) = b.per_chunk(&t);
         let line = format!(
             "kernel flood round {round}: server {sb:.2} µs/chunk untraced ({:.0} chunks), {st:.2} traced ({:.0} chunks); agent {ag:.2} µs/chunk; CPU per chunk ratio {:.3}; ready {ready:.0} ms; agent peak RSS {rss} KiB\n",
             b.chunks,

@@ -16,7 +16,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use super::{prog_stats, stats_delta, us_per_chunk, BpfStats};
+use super::{prog_stats, stats_delta, BpfStats, FloodRound};
 use crate::bench::{cpu_ticks, json_number, median, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
 
@@ -49,13 +49,7 @@ fn client(port: u16, requests: u32) -> Result<(f64, f64)> {
 }
 
 /// CPU ticks of the server and of the agent (if any) over one client run.
-struct Round {
-    chunks: f64,
-    server_ticks: u64,
-    agent_ticks: u64,
-}
-
-fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Result<Round> {
+fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Result<FloodRound> {
     let server0 = cpu_ticks(server_pid)?;
     let agent0 = agent.map(cpu_ticks).transpose()?.unwrap_or(0);
     let (chunks, _) = client(port, requests)?;
@@ -63,7 +57,7 @@ fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Resul
     if agent.is_some() {
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
-    Ok(Round {
+    Ok(FloodRound {
         chunks,
         server_ticks: cpu_ticks(server_pid)? - server0,
         agent_ticks: agent.map(cpu_ticks).transpose()?.unwrap_or(0) - agent0,
@@ -92,11 +86,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
         let agent = TracingAgent::start(agent_bin, server_pid)?;
         let t = round(port, requests, server_pid, Some(agent.pid))?;
         agent.stop()?;
-        let (sb, st, ag) = (
-            us_per_chunk(b.server_ticks, b.chunks),
-            us_per_chunk(t.server_ticks, t.chunks),
-            us_per_chunk(t.agent_ticks, t.chunks),
-        );
+        let (sb, st, ag) = b.per_chunk(&t);
         let line = format!(
             "node flood round {n}: server {sb:.2} µs/chunk untraced, {st:.2} traced; agent {ag:.2} µs/chunk; CPU per chunk ratio {:.3}\n",
             (st + ag) / sb
