@@ -671,6 +671,146 @@ fn streams_in_flight_at_start_are_skipped_and_counted() {
     );
 }
 
+/// 16 requests pipelined on each of 2 connections, 2 ms apart, one segment
+/// each, while the server spends 100 ms on the first: the other 15 wait in
+/// the receive queue, more segments than a socket has arrival slots (8).
+/// The ones with a slot are dated by their own segment; the rest share the
+/// last slot, dated by its newest segment: late, counted in the summary,
+/// and never before the request reached the host (the old policy dated
+/// them by the slot's first segment, up to 14 ms before they were sent).
+#[test]
+fn pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived() {
+    require_root("pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived");
+    const PIPELINE: usize = 16;
+    const SLOTS: usize = 8;
+    let server = WireServer::start(&[]);
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let capture = Capture::start(server.port);
+    let clients = run_wire_client(
+        server.port,
+        &[
+            "--connections",
+            "2",
+            "--pipeline",
+            &PIPELINE.to_string(),
+            "--gap-ms",
+            "2",
+            "--ttft-ms",
+            "100",
+            "--tokens",
+            "2",
+            "--delay-ms",
+            "1",
+            "--rid-prefix",
+            "pl",
+        ],
+    );
+    let srv = server.records(clients.len());
+    let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+    let lines = agent_by_rid(&mut agent, &rids);
+    let packets = capture.finish();
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    let merged = agent
+        .summary_part("/tokentrace_summary/ingress_segs_merged")
+        .as_u64()
+        .expect("ingress_segs_merged in the summary");
+
+    let mut segments = 0;
+    let mut exact = Dist::new("request_start - wire arrival, requests with a slot");
+    let mut late = Dist::new("request_start - wire arrival, requests past the slots");
+    let mut failures = Vec::new();
+    for c in &clients {
+        let rid = str_field(c, "rid").expect("rid");
+        let (Some(port), Some(offset)) = (u64_field(c, "client_port"), u64_field(c, "offset"))
+        else {
+            failures.push(format!("{rid}: client record without port/offset: {c}"));
+            continue;
+        };
+        let port = u16::try_from(port).expect("port");
+        let k: usize = rid
+            .rsplit('-')
+            .next()
+            .and_then(|k| k.parse().ok())
+            .expect("k");
+        let mut sent = packets
+            .iter()
+            .filter(|p| p.src == port && p.dst == server.port);
+        if k == 0 {
+            segments += sent.clone().count();
+        }
+        let Some(first) = sent.clone().next() else {
+            failures.push(format!("{rid}: connection not in the capture"));
+            continue;
+        };
+        let seq = first
+            .seq
+            .wrapping_add(u32::try_from(offset).expect("offset"));
+        let Some(wire) = sent.find(|p| seq.wrapping_sub(p.seq) < p.len) else {
+            failures.push(format!("{rid}: its first byte is not in the capture"));
+            continue;
+        };
+        // The precondition: the request waited in the receive queue behind
+        // the first one (the server stamps each event just before its send).
+        let first_rid = format!("{}0", rid.trim_end_matches(|ch: char| ch.is_ascii_digit()));
+        let busy_until = srv[&first_rid]["t_write"][1].as_u64().expect("t_write");
+        if k > 0 && wire.ts > busy_until {
+            failures.push(format!(
+                "{rid}: reached the host {:.3} ms after the server finished the first request: \
+                 the client did not pipeline in time",
+                ms_between(wire.ts, busy_until)
+            ));
+        }
+        let Some(start) = lines
+            .get(&rid)
+            .and_then(|a| u64_field(a, "request_start_ns"))
+        else {
+            failures.push(format!("{rid}: no request_start_ns from the agent"));
+            continue;
+        };
+        let d = ms_between(start, wire.ts);
+        // tcp_probe runs after the packet tap: never before it (0.05 ms
+        // allows the capture's clock conversion).
+        if d < -0.05 {
+            failures.push(format!(
+                "{rid}: request_start {:.3} ms before its first byte reached the host",
+                -d
+            ));
+        }
+        // The last slot takes the later segments' bytes and their arrival:
+        // the first 7 unread requests keep their own segment's.
+        if k < SLOTS - 1 {
+            exact.push(d);
+            if d > TTFT_P99_MS {
+                failures.push(format!(
+                    "{rid}: had its own arrival slot, dated {d:.3} ms after its segment"
+                ));
+            }
+        } else {
+            late.push(d);
+        }
+    }
+    eprintln!("[test] {}", exact.summary());
+    eprintln!("[test] {}", late.summary());
+    eprintln!("[test] ingress_segs_merged: {merged}");
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    // Per connection, every segment past the first 9 went into the last
+    // slot (past the first 8 on the connection not accepted yet, whose
+    // first request had not been read to free its slot).
+    let want = segments.saturating_sub(2 * (SLOTS + 1)) as u64;
+    assert!(
+        merged >= want.max(1),
+        "ingress_segs_merged {merged} < {}: the segments past the slots ({segments} in all) were \
+         not counted",
+        want.max(1)
+    );
+}
+
 fn check_agent_exit_quiet(stop: Option<std::process::ExitStatus>) {
     assert!(
         stop.is_some_and(|s| s.success()),

@@ -4,7 +4,7 @@
   python3 tests/clients/wire_client.py --port P --connections N
       [--tokens T] [--delay-ms D] [--ttft-ms F] [--path /stream]
       [--rid-prefix X] [--tls] [--close-after K] [--close-after-send]
-      [--request-id-header]
+      [--request-id-header] [--pipeline K --gap-ms G]
       [--timeout S]
 
 N threads each open ONE connection (and, with --tls, finish the handshake),
@@ -13,9 +13,13 @@ GET PATH?rid=<prefix><i>&tokens=T&delay_ms=D&ttft_ms=F. --request-id-header
 adds ``X-Request-Id: req-<prefix><i>``. --close-after K closes the socket
 right after the K-th event arrived (a client that walks away mid-stream);
 --close-after-send closes it right after sending the request (a client that
-gives up before the server even accepted it).
+gives up before the server even accepted it). --pipeline K sends K requests
+on each connection (rids <prefix><i>-<k>), each as one send() with
+TCP_NODELAY, G ms apart, without waiting for the responses, then reads the K
+responses: a server busy with the first finds the others queued in its
+receive buffer, one segment each.
 
-One JSON line per connection on stdout, CLOCK_MONOTONIC ns
+One JSON line per connection (--pipeline: per request) on stdout, CLOCK_MONOTONIC ns
 (time.monotonic_ns, the clock of bpf_ktime_get_ns):
   {"rid", "client_port", "t_connect_call" (just before connect()),
    "t_connect" (connect() returned),
@@ -23,7 +27,8 @@ One JSON line per connection on stdout, CLOCK_MONOTONIC ns
    (TLS: just before do_handshake()),
    "t_send" (just before the request's sendall), "events" (received),
    "t_close" (just before close() with --close-after, else null),
-   "error"}
+   "error"; --pipeline adds "offset": the request's first byte's offset in
+   what the connection sent}
 """
 
 import argparse
@@ -89,6 +94,48 @@ def run_one(i, args, barrier, out):
     out[i] = rec
 
 
+def run_pipeline(i, args, barrier, out):
+    """--pipeline: K requests on one connection, sent before any response."""
+    recs = [{"rid": f"{args.rid_prefix}{i}-{k}", "client_port": None, "t_send": None,
+             "offset": None, "events": 0, "error": None} for k in range(args.pipeline)]
+    sock = None
+    try:
+        sock = socket.create_connection(("127.0.0.1", args.port), timeout=args.timeout)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for r in recs:
+            r["client_port"] = sock.getsockname()[1]
+        barrier.wait()
+        offset = 0
+        for k, r in enumerate(recs):
+            if k:
+                time.sleep(args.gap_ms / 1000)
+            req = (f"GET {args.path}?rid={r['rid']}&tokens={args.tokens}&delay_ms={args.delay_ms}"
+                   f"&ttft_ms={args.ttft_ms} HTTP/1.1\r\nHost: x\r\n\r\n").encode()
+            r["offset"] = offset
+            r["t_send"] = time.monotonic_ns()
+            sock.sendall(req)
+            offset += len(req)
+        buf = b""
+        while buf.count(b"\r\n0\r\n\r\n") < len(recs):
+            data = sock.recv(65536)
+            if not data:
+                raise OSError("connection closed before every response ended")
+            buf += data
+        for r, body in zip(recs, buf.split(b"\r\n0\r\n\r\n")):
+            r["events"] = body.count(b"data: ")
+    except (OSError, threading.BrokenBarrierError) as e:
+        for r in recs:
+            r["error"] = f"{type(e).__name__}: {e}"
+        try:
+            barrier.abort()
+        except Exception:
+            pass
+    finally:
+        if sock is not None:
+            sock.close()
+    out[i] = recs
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -102,18 +149,22 @@ def main():
     ap.add_argument("--close-after", type=int, default=0)
     ap.add_argument("--close-after-send", action="store_true")
     ap.add_argument("--request-id-header", action="store_true")
+    ap.add_argument("--pipeline", type=int, default=0)
+    ap.add_argument("--gap-ms", type=float, default=2.0)
     ap.add_argument("--timeout", type=float, default=60.0)
     args = ap.parse_args()
     barrier = threading.Barrier(args.connections)
     out = [None] * args.connections
-    threads = [threading.Thread(target=run_one, args=(i, args, barrier, out))
+    target = run_pipeline if args.pipeline else run_one
+    threads = [threading.Thread(target=target, args=(i, args, barrier, out))
                for i in range(args.connections)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     for rec in out:
-        sys.stdout.write(json.dumps(rec) + "\n")
+        for r in (rec if args.pipeline else [rec]):
+            sys.stdout.write(json.dumps(r) + "\n")
 
 
 if __name__ == "__main__":

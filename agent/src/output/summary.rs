@@ -76,6 +76,9 @@ pub struct RunSummary {
     /// its queue had no room for (see ingress_marks.bpf.h).
     pub tls_walks_lost: u64,
     pub tls_queue_full: u64,
+    /// Incoming segments dated by the arrival of a later one, because
+    /// their socket's arrival slots were full (see sock_state.bpf.h).
+    pub ingress_segs_merged: u64,
     pub stitch: StitchStats,
     /// The hop join's counters.
     pub hops: HopStats,
@@ -180,6 +183,7 @@ struct SummaryJson<'a> {
     probe_attach_failures: u64,
     tls_walks_lost: u64,
     tls_queue_full: u64,
+    ingress_segs_merged: u64,
     inference: InferenceJson,
     stitch: &'a StitchStats,
     hops: &'a HopStats,
@@ -214,6 +218,7 @@ impl RunSummary {
             probe_attach_failures: self.probe_attach_failures,
             tls_walks_lost: self.tls_walks_lost,
             tls_queue_full: self.tls_queue_full,
+            ingress_segs_merged: self.ingress_segs_merged,
             inference: InferenceJson {
                 usdt_events: inf.usdt_events,
                 cuda_syncs: inf.cuda_syncs,
@@ -289,8 +294,11 @@ impl fmt::Display for RunSummary {
         write!(
             f,
             "\n  ingress: {} streams already in flight when tracing began (skipped), \
-             {} requests that arrived before their socket was tracked (timed from the read)",
-            self.stitch.streams_in_flight_at_start, self.stitch.requests_without_ingress
+             {} requests that arrived before their socket was tracked (timed from the read), \
+             {} segments dated by a later one (their socket's arrival slots were full)",
+            self.stitch.streams_in_flight_at_start,
+            self.stitch.requests_without_ingress,
+            self.ingress_segs_merged
         )?;
         if self.stitch.tls_untied + self.tls_walks_lost + self.tls_queue_full > 0 {
             write!(

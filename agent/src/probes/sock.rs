@@ -401,6 +401,9 @@ pub struct KernelLosses {
     /// TLS record walks given up, records their queues had no room for.
     pub tls_walks_lost: u64,
     pub tls_queue_full: u64,
+    /// Incoming segments dated together with later ones: a socket's
+    /// arrival slots were all unread (see sock_state.bpf.h).
+    pub ingress_segs_merged: u64,
 }
 
 impl KernelLosses {
@@ -448,6 +451,7 @@ impl KernelCounters {
             infer_ringbuf_drops,
             tls_walks_lost: counters.tls_walk_lost,
             tls_queue_full: counters.tls_queue_full,
+            ingress_segs_merged: counters.ingress_segs_merged,
         })
     }
 }

@@ -43,10 +43,18 @@
 
 /* Ingress segments remembered per socket while their bytes are unread. A
  * request usually fits one; more queue only when the server is behind on
- * a connection (pipelining, a large body). Past the last one, later bytes
- * are dated by the last segment's arrival (never later than the truth for
- * the byte that opens the range, earlier for the bytes after it). */
+ * a connection (pipelining, 32 HTTP/2 streams opened at once, a large
+ * body). With every slot unread, the last slot takes the new segment's
+ * bytes too and its arrival: the bytes it covers are then dated by the
+ * newest of its segments, never before they reached the host (a request
+ * in them looks to have waited less than it did, never to have arrived
+ * before its client sent it), and `ingress_segs_merged` counts it. */
 #define INGRESS_SEGS TT_INGRESS_MARKS
+
+/* Incoming segments merged into a socket's last ingress slot (see
+ * INGRESS_SEGS): the requests they carry are dated late by up to the
+ * time the slot spans. */
+__u64 ingress_segs_merged = 0;
 
 struct ingress_seg {
 	__u32 start; /* first new sequence number the segment brought */
@@ -316,8 +324,11 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 		keep[n & (INGRESS_SEGS - 1)].start = start;
 		keep[n & (INGRESS_SEGS - 1)].end = end;
 		keep[n & (INGRESS_SEGS - 1)].ts = now;
-	} else if (seq_before(keep[INGRESS_SEGS - 1].end, end)) {
-		keep[INGRESS_SEGS - 1].end = end;
+	} else {
+		if (seq_before(keep[INGRESS_SEGS - 1].end, end))
+			keep[INGRESS_SEGS - 1].end = end;
+		keep[INGRESS_SEGS - 1].ts = now;
+		__sync_fetch_and_add(&ingress_segs_merged, 1);
 	}
 	__builtin_memcpy(st->segs, keep, sizeof(keep));
 	if (!st->first_ingress_ns)
