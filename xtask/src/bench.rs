@@ -64,6 +64,7 @@ use crate::util::{self, free_port, start_server, Guard};
 use agent::{summary, TracingAgent};
 
 mod agent;
+mod bpftrace;
 mod floor;
 mod grpc;
 mod hops;

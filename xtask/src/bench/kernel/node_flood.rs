@@ -10,6 +10,10 @@
 //! streams the same requests and the CPU they took is compared, as the
 //! issue measured it. The server (~5 µs per chunk) is heavier than
 //! `sse_flood.py`'s (~2.4 µs), as real servers are.
+//!
+//! Each round also runs the flood under bpftrace one-liners on the
+//! agent's send tracepoint (`bpftrace.rs`), where bpftrace is installed:
+//! the server's added cost with the least a user could trace it with.
 
 use std::path::Path;
 use std::process::Command;
@@ -17,6 +21,7 @@ use std::process::Command;
 use anyhow::{bail, Context, Result};
 
 use super::{prog_stats, stats_delta, BpfStats, FloodRound};
+use crate::bench::bpftrace::{self, OneLiner, ONE_LINERS};
 use crate::bench::{cpu_ticks, json_number, median, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
 
@@ -81,6 +86,9 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
 
     let (mut ratio, mut base, mut traced, mut agent_us) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let with_bpftrace = bpftrace::available();
+    // Per one-liner: (server traced, bpftrace, ratio) µs per chunk, by round.
+    let mut one_liners: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); ONE_LINERS.len()];
     for n in 0..opts.rounds {
         let b = round(port, requests, server_pid, None)?;
         let agent = TracingAgent::start(agent_bin, server_pid)?;
@@ -97,6 +105,22 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
         base.push(sb);
         traced.push(st);
         agent_us.push(ag);
+        if !with_bpftrace {
+            continue;
+        }
+        for ((name, program), rounds) in ONE_LINERS.iter().zip(&mut one_liners) {
+            let one_liner = OneLiner::attach(program, server_pid)?;
+            let t = round(port, requests, server_pid, Some(one_liner.pid))?;
+            drop(one_liner);
+            let (_, st, bt) = b.per_chunk(&t);
+            let line = format!(
+                "node flood round {n}, bpftrace {name}: server {st:.2} µs/chunk traced; bpftrace {bt:.2} µs/chunk; CPU per chunk ratio {:.3}\n",
+                (st + bt) / sb
+            );
+            eprint!("{line}");
+            out.push_str(&line);
+            rounds.push((st, bt, (st + bt) / sb));
+        }
     }
     let bpf_us = {
         let _stats = BpfStats::enable()?;
@@ -112,13 +136,29 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
         ns / 1e3 / t.chunks.max(1.0)
     };
     let (sb, st) = (median(&mut base), median(&mut traced));
+    let agent_added = st - sb;
     out.push_str(&format!(
-        "node flood (issue 25's workload: node http, one writev per chunk, {CONNECTIONS} keep-alive connections, {requests} requests x {TOKENS} tokens per round, {} rounds): flood CPU per chunk ratio {:.3} (median; (server + agent) traced / server untraced; goal <= 1.05); agent {:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {:+.2} µs per chunk added; BPF time {bpf_us:.2} µs per chunk (bpf_stats round)\n",
+        "node flood (issue 25's workload: node http, one writev per chunk, {CONNECTIONS} keep-alive connections, {requests} requests x {TOKENS} tokens per round, {} rounds): flood CPU per chunk ratio {:.3} (median; (server + agent) traced / server untraced; goal <= 1.05); agent {:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {agent_added:+.2} µs per chunk added; BPF time {bpf_us:.2} µs per chunk (bpf_stats round)\n",
         opts.rounds,
         median(&mut ratio),
         median(&mut agent_us),
-        st - sb,
     ));
+    if !with_bpftrace {
+        out.push_str("node flood, bpftrace one-liners: skipped: no `bpftrace` on PATH (apt install bpftrace)\n");
+    }
+    for ((name, program), rounds) in ONE_LINERS.iter().zip(&one_liners) {
+        if rounds.is_empty() {
+            continue;
+        }
+        let column = |pick: fn(&(f64, f64, f64)) -> f64| {
+            median(&mut rounds.iter().map(pick).collect::<Vec<_>>())
+        };
+        let (bst, bt, r) = (column(|x| x.0), column(|x| x.1), column(|x| x.2));
+        out.push_str(&format!(
+            "node flood, bpftrace {name} one-liner (`{program}`, PID the server): CPU per chunk ratio {r:.3} (median; (server + bpftrace) / server untraced); bpftrace {bt:.2} µs per chunk; server {bst:.2} µs per chunk traced: {:+.2} µs per chunk added (the agent: {agent_added:+.2})\n",
+            bst - sb,
+        ));
+    }
     drop(server);
     Ok(())
 }
