@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{prog_stats, stats_delta, BpfStats, FloodRound};
 use crate::bench::bpftrace::{self, OneLiner, ONE_LINERS};
-use crate::bench::{cpu_ticks, json_number, median, Options, TracingAgent};
+use crate::bench::{cpu_ticks, json_number, median, peak_rss_kib, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
 
 const NODE_FLOOD: &str = "tests/bench/node_sse_flood.js";
@@ -86,6 +86,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
 
     let (mut ratio, mut base, mut traced, mut agent_us) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut peak_rss = 0;
     let with_bpftrace = bpftrace::available();
     // Per one-liner: (server traced, bpftrace, ratio) µs per chunk, by round.
     let mut one_liners: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); ONE_LINERS.len()];
@@ -93,6 +94,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
         let b = round(port, requests, server_pid, None)?;
         let agent = TracingAgent::start(agent_bin, server_pid)?;
         let t = round(port, requests, server_pid, Some(agent.pid))?;
+        peak_rss = peak_rss.max(peak_rss_kib(agent.pid)?);
         agent.stop()?;
         let (sb, st, ag) = b.per_chunk(&t);
         let line = format!(
@@ -138,7 +140,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
     let (sb, st) = (median(&mut base), median(&mut traced));
     let agent_added = st - sb;
     out.push_str(&format!(
-        "node flood (issue 25's workload: node http, one writev per chunk, {CONNECTIONS} keep-alive connections, {requests} requests x {TOKENS} tokens per round, {} rounds): flood CPU per chunk ratio {:.3} (median; (server + agent) traced / server untraced; goal <= 1.05); agent {:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {agent_added:+.2} µs per chunk added; BPF time {bpf_us:.2} µs per chunk (bpf_stats round)\n",
+        "node flood (issue 25's workload: node http, one writev per chunk, {CONNECTIONS} keep-alive connections, {requests} requests x {TOKENS} tokens per round, {} rounds): flood CPU per chunk ratio {:.3} (median; (server + agent) traced / server untraced; goal <= 1.05); agent {:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {agent_added:+.2} µs per chunk added; BPF time {bpf_us:.2} µs per chunk (bpf_stats round); agent peak RSS {peak_rss} KiB (VmHWM, attach included)\n",
         opts.rounds,
         median(&mut ratio),
         median(&mut agent_us),
