@@ -15,9 +15,9 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use iced_x86::Register;
-use object::read::ReadCache;
 use object::{Object, ObjectSection, ObjectSymbol};
 
+use super::elf_reader::ElfReader;
 use super::placement::{kernel_emulates_long_nops, Code, Needs, Placement, ARG_REGISTERS};
 
 /// OpenSSL functions the TLS probes stand for. A file qualifies when it
@@ -300,11 +300,10 @@ pub fn opaque_tls_files(proc_root: &Path, pid: u32) -> Vec<(String, &'static str
             continue;
         }
         let path = root.join(mapped.trim_start_matches('/'));
-        let Ok(file) = std::fs::File::open(&path) else {
+        let Ok(reader) = ElfReader::open(&path) else {
             continue;
         };
-        let cache = ReadCache::new(file);
-        let Ok(elf) = object::File::parse(&cache) else {
+        let Ok(elf) = reader.parse() else {
             continue;
         };
         if is_opaque_grpc_tls(name, &elf) {
@@ -321,13 +320,12 @@ pub fn opaque_tls_files(proc_root: &Path, pid: u32) -> Vec<(String, &'static str
 /// Inspects one file: which probes it can take and where. Reads only the
 /// ELF headers, symbols, the USDT notes and the probed functions' first
 /// bytes, not the whole file (CUDA and framework libraries are hundreds of
-/// megabytes).
+/// megabytes); see `ElfReader`.
 pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
-    let Ok(file) = std::fs::File::open(path) else {
+    let Ok(reader) = ElfReader::open(path) else {
         return FileProbes::default();
     };
-    let cache = ReadCache::new(file);
-    let Ok(elf) = object::File::parse(&cache) else {
+    let Ok(elf) = reader.parse() else {
         return FileProbes::default();
     };
     let name = file_name(path.to_str().unwrap_or(""));
@@ -341,7 +339,7 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
         || name.starts_with("libssl3.so")
         || is_main_executable
         || exports_openssl(&elf);
-    let code = Code::new(&elf, kernel_emulates_long_nops());
+    let code = Code::new(&elf, &reader, kernel_emulates_long_nops());
     if tls_candidate {
         probes.tls = tls_sites(&code);
     }

@@ -4,6 +4,7 @@
 //! Children forked by a traced process are added by the kernel itself
 //! (uvicorn/gunicorn workers), so only exec and listen need handling here.
 
+mod elf_reader;
 pub mod libraries;
 pub mod placement;
 pub mod procfs;

@@ -166,12 +166,20 @@ impl Function {
 /// An ELF file's code, for placing probes in its exported functions.
 pub struct Code<'d, R: object::ReadRef<'d>> {
     elf: &'d object::File<'d, R>,
+    /// The file `elf` was parsed from: a function's bytes are read from it
+    /// alone (`object`'s section `data_range` reads the whole section:
+    /// node's 28 MB `.text` for one prologue).
+    data: R,
     long_nops: bool,
 }
 
 impl<'d, R: object::ReadRef<'d>> Code<'d, R> {
-    pub fn new(elf: &'d object::File<'d, R>, long_nops: bool) -> Self {
-        Self { elf, long_nops }
+    pub fn new(elf: &'d object::File<'d, R>, data: R, long_nops: bool) -> Self {
+        Self {
+            elf,
+            data,
+            long_nops,
+        }
     }
 
     /// Address and size of the exported function `name`.
@@ -193,10 +201,11 @@ impl<'d, R: object::ReadRef<'d>> Code<'d, R> {
         let whole = size > 0 && size <= MAX_FUNCTION_BYTES;
         let wanted = if whole { size } else { PROLOGUE_BYTES };
         let available = section.address() + section.size() - address;
-        let bytes = section
-            .data_range(address, wanted.min(available))
-            .ok()
-            .flatten()?
+        let file_offset = section_offset + (address - section.address());
+        let bytes = self
+            .data
+            .read_bytes_at(file_offset, wanted.min(available))
+            .ok()?
             .to_vec();
         let mut decoder = Decoder::with_ip(64, &bytes, address, DecoderOptions::NONE);
         let mut instructions = Vec::new();
@@ -210,7 +219,7 @@ impl<'d, R: object::ReadRef<'d>> Code<'d, R> {
         Some(Function {
             name,
             address,
-            file_offset: section_offset + (address - section.address()),
+            file_offset,
             bytes,
             instructions,
             whole,
@@ -436,7 +445,7 @@ mod tests {
         let path = system_libssl().expect("libssl.so.3 is installed (python3 depends on it)");
         let bytes = std::fs::read(path).expect("read libssl");
         let elf = object::File::parse(&*bytes).expect("parse libssl");
-        let code = Code::new(&elf, false);
+        let code = Code::new(&elf, &*bytes, false);
         let read = code
             .shared_callee("SSL_read_ex", "SSL_read")
             .expect("SSL_read and SSL_read_ex call one helper first");
