@@ -40,6 +40,14 @@ import threading
 import time
 
 
+def release(barrier):
+    """A thread that failed lets the others past the barrier (they fail too)."""
+    try:
+        barrier.abort()
+    except Exception:
+        pass
+
+
 def run_one(i, args, barrier, out):
     rid = f"{args.rid_prefix}{i}"
     rec = {"rid": rid, "client_port": None, "t_connect_call": None, "t_connect": None, "handshake_ns": None,
@@ -84,10 +92,7 @@ def run_one(i, args, barrier, out):
                 break
     except (OSError, threading.BrokenBarrierError) as e:
         rec["error"] = f"{type(e).__name__}: {e}"
-        try:
-            barrier.abort()
-        except Exception:
-            pass
+        release(barrier)
     finally:
         if sock is not None:
             sock.close()
@@ -126,10 +131,7 @@ def run_pipeline(i, args, barrier, out):
     except (OSError, threading.BrokenBarrierError) as e:
         for r in recs:
             r["error"] = f"{type(e).__name__}: {e}"
-        try:
-            barrier.abort()
-        except Exception:
-            pass
+        release(barrier)
     finally:
         if sock is not None:
             sock.close()
