@@ -18,8 +18,9 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use object::read::elf::{ElfFile, FileHeader, SectionHeader};
-use object::ReadRef;
+use object::elf::{FileHeader64, SHN_UNDEF, SHT_DYNSYM, SHT_STRTAB};
+use object::read::elf::{FileHeader, SectionHeader, SectionTable, Sym};
+use object::{Endianness, ReadRef};
 
 /// String tables past this size are looked up string by string instead.
 const MAX_TABLE_BYTES: u64 = 256 << 20;
@@ -63,12 +64,34 @@ impl ElfReader {
     pub fn parse(&self) -> object::Result<object::File<'_, &Self>> {
         let elf = object::File::parse(self)?;
         let tables = match &elf {
-            object::File::Elf32(f) => string_tables(f),
-            object::File::Elf64(f) => string_tables(f),
+            object::File::Elf32(f) => string_tables(f.elf_section_table(), f.endian()),
+            object::File::Elf64(f) => string_tables(f.elf_section_table(), f.endian()),
             _ => Vec::new(),
         };
         self.held.borrow_mut().table_starts.extend(tables);
         Ok(elf)
+    }
+
+    /// A look at a 64-bit file's section headers and dynamic symbols only,
+    /// without `parse`, which reads the whole `.symtab` array up front
+    /// (12.7 MB in torch's `libtorch_cpu.so`): whether it has a section
+    /// named `section`, and whether it defines a dynamic symbol that
+    /// `wanted` accepts. None where the file is not a 64-bit ELF file.
+    pub fn glance(&self, section: &[u8], wanted: impl Fn(&[u8]) -> bool) -> Option<(bool, bool)> {
+        let header = FileHeader64::<Endianness>::parse(self).ok()?;
+        let endian = header.endian().ok()?;
+        let sections = header.sections(endian, self).ok()?;
+        self.held
+            .borrow_mut()
+            .table_starts
+            .extend(string_tables(&sections, endian));
+        let has_section = sections.section_by_name(endian, section).is_some();
+        let symbols = sections.symbols(endian, self, SHT_DYNSYM).ok()?;
+        let strings = symbols.strings();
+        let defines = symbols.iter().any(|sym| {
+            sym.st_shndx(endian) != SHN_UNDEF && sym.name(endian, strings).is_ok_and(&wanted)
+        });
+        Some((has_section, defines))
     }
 
     /// Bytes read and held so far.
@@ -95,14 +118,14 @@ impl ElfReader {
     }
 }
 
-/// (end, start) file offsets of the string tables among `elf`'s sections.
+/// (end, start) file offsets of the string tables among `sections`.
 fn string_tables<'d, Elf: FileHeader, R: ReadRef<'d>>(
-    elf: &ElfFile<'d, Elf, R>,
+    sections: &SectionTable<'d, Elf, R>,
+    endian: Elf::Endian,
 ) -> Vec<(u64, u64)> {
-    let endian = elf.endian();
-    elf.elf_section_table()
+    sections
         .iter()
-        .filter(|s| s.sh_type(endian) == object::elf::SHT_STRTAB)
+        .filter(|s| s.sh_type(endian) == SHT_STRTAB)
         .filter_map(|s| s.file_range(endian))
         .filter(|&(_, size)| size > 0 && size <= MAX_TABLE_BYTES)
         .map(|(start, size)| (start + size, start))
@@ -195,6 +218,23 @@ mod tests {
         let elf = reader.parse().expect("parse");
         assert!(reference.len() > 1000, "{} symbols", reference.len());
         assert_eq!(names(&elf), reference);
+    }
+
+    /// The glance sees definitions, not imports, and section names.
+    #[test]
+    fn glance_tells_defined_dynamic_symbols_from_imported_ones() {
+        let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
+        let reader = ElfReader::open(libc).expect("libc");
+        assert_eq!(reader.glance(b".text", |n| n == b"malloc"), Some((true, true)));
+        assert_eq!(
+            reader.glance(b".no-such-section", |n| n == b"SSL_read"),
+            Some((false, false))
+        );
+        // This binary imports malloc from libc: undefined here.
+        let this = ElfReader::open(&this_binary()).expect("open");
+        assert_eq!(this.glance(b".text", |n| n == b"malloc"), Some((true, false)));
+        let not_elf = ElfReader::open(Path::new("/proc/self/cmdline")).expect("open");
+        assert_eq!(not_elf.glance(b".text", |_| true), None);
     }
 
     /// Every name looked up, and the reader holds the symbol and string

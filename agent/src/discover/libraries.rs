@@ -325,24 +325,7 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
     let Ok(reader) = ElfReader::open(path) else {
         return FileProbes::default();
     };
-    let Ok(elf) = reader.parse() else {
-        return FileProbes::default();
-    };
     let name = file_name(path.to_str().unwrap_or(""));
-    let mut probes = FileProbes::default();
-    if let Some(section) = elf.section_by_name(".note.stapsdt").filter(|_| elf.is_64()) {
-        if let Ok(data) = section.data() {
-            probes.usdt = llm_usdt_probes(data, elf.endianness(), section.align());
-        }
-    }
-    let tls_candidate = name.starts_with("libssl.so")
-        || name.starts_with("libssl3.so")
-        || is_main_executable
-        || exports_openssl(&elf);
-    let code = Code::new(&elf, &reader, kernel_emulates_long_nops());
-    if tls_candidate {
-        probes.tls = tls_sites(&code);
-    }
     let cuda = if name.starts_with("libcudart.so") {
         Some((CudaLibrary::Runtime, &CUDA_RUNTIME_FUNCTIONS[..]))
     } else if name.starts_with("libcuda.so") {
@@ -350,6 +333,33 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
     } else {
         None
     };
+    let tls_by_name =
+        name.starts_with("libssl.so") || name.starts_with("libssl3.so") || is_main_executable;
+    // Most mapped files (a vLLM process maps ~100) carry nothing: decided
+    // from the section headers and dynamic symbols, before a full parse.
+    if !tls_by_name && cuda.is_none() {
+        let openssl = |s: &[u8]| {
+            std::str::from_utf8(s)
+                .is_ok_and(|s| TLS_READ_SYMBOLS.contains(&s) || TLS_WRITE_SYMBOLS.contains(&s))
+        };
+        if reader.glance(b".note.stapsdt", openssl) == Some((false, false)) {
+            return FileProbes::default();
+        }
+    }
+    let Ok(elf) = reader.parse() else {
+        return FileProbes::default();
+    };
+    let mut probes = FileProbes::default();
+    if let Some(section) = elf.section_by_name(".note.stapsdt").filter(|_| elf.is_64()) {
+        if let Ok(data) = section.data() {
+            probes.usdt = llm_usdt_probes(data, elf.endianness(), section.align());
+        }
+    }
+    let tls_candidate = tls_by_name || exports_openssl(&elf);
+    let code = Code::new(&elf, &reader, kernel_emulates_long_nops());
+    if tls_candidate {
+        probes.tls = tls_sites(&code);
+    }
     if let Some((library, functions)) = cuda {
         let sites = place_all(&code, functions);
         // The launch function identifies the library (a stub libcuda.so
