@@ -225,14 +225,20 @@ mod tests {
     fn glance_tells_defined_dynamic_symbols_from_imported_ones() {
         let libc = Path::new("/lib/x86_64-linux-gnu/libc.so.6");
         let reader = ElfReader::open(libc).expect("libc");
-        assert_eq!(reader.glance(b".text", |n| n == b"malloc"), Some((true, true)));
+        assert_eq!(
+            reader.glance(b".text", |n| n == b"malloc"),
+            Some((true, true))
+        );
         assert_eq!(
             reader.glance(b".no-such-section", |n| n == b"SSL_read"),
             Some((false, false))
         );
         // This binary imports malloc from libc: undefined here.
         let this = ElfReader::open(&this_binary()).expect("open");
-        assert_eq!(this.glance(b".text", |n| n == b"malloc"), Some((true, false)));
+        assert_eq!(
+            this.glance(b".text", |n| n == b"malloc"),
+            Some((true, false))
+        );
         let not_elf = ElfReader::open(Path::new("/proc/self/cmdline")).expect("open");
         assert_eq!(not_elf.glance(b".text", |_| true), None);
     }
