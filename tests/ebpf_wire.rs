@@ -677,7 +677,7 @@ fn streams_in_flight_at_start_are_skipped_and_counted() {
 /// The ones with a slot are dated by their own segment; the rest share the
 /// last slot, dated by its newest segment: late, counted in the summary,
 /// and never before the request reached the host (the old policy dated
-/// them by the slot's first segment, up to 14 ms before they were sent).
+/// them by the slot's first segment: 2-28 ms before they were sent).
 #[test]
 fn pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived() {
     require_root("pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived");

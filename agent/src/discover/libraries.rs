@@ -273,6 +273,11 @@ fn exports_openssl<'d, R: object::ReadRef<'d>>(elf: &object::File<'d, R>) -> boo
     false
 }
 
+/// One of OpenSSL's read or write functions the TLS probes stand for.
+fn is_openssl_io(name: &str) -> bool {
+    TLS_READ_SYMBOLS.contains(&name) || TLS_WRITE_SYMBOLS.contains(&name)
+}
+
 /// grpcio's extension module (`cygrpc.*.so` of the PyPI wheels) carries
 /// BoringSSL linked in statically and stripped: grpc-core does TLS inside
 /// it, on memory BIOs, through functions no symbol names, so nothing can be
@@ -283,9 +288,8 @@ fn is_opaque_grpc_tls<'d, R: object::ReadRef<'d>>(name: &str, elf: &object::File
     if !(name.starts_with("cygrpc.") && name.contains(".so")) {
         return false;
     }
-    let openssl = |s: &str| TLS_READ_SYMBOLS.contains(&s) || TLS_WRITE_SYMBOLS.contains(&s);
     !elf.dynamic_symbols()
-        .any(|sym| sym.name().is_ok_and(openssl))
+        .any(|sym| sym.name().is_ok_and(is_openssl_io))
 }
 
 /// Files `pid` maps whose TLS cannot be traced (no symbols to probe), with
@@ -338,10 +342,7 @@ pub fn inspect(path: &Path, is_main_executable: bool) -> FileProbes {
     // Most mapped files (a vLLM process maps ~100) carry nothing: decided
     // from the section headers and dynamic symbols, before a full parse.
     if !tls_by_name && cuda.is_none() {
-        let openssl = |s: &[u8]| {
-            std::str::from_utf8(s)
-                .is_ok_and(|s| TLS_READ_SYMBOLS.contains(&s) || TLS_WRITE_SYMBOLS.contains(&s))
-        };
+        let openssl = |s: &[u8]| std::str::from_utf8(s).is_ok_and(is_openssl_io);
         if reader.glance(b".note.stapsdt", openssl) == Some((false, false)) {
             return FileProbes::default();
         }
