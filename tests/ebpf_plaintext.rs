@@ -103,9 +103,9 @@ fn root_stdlib_sse_framing_in_separate_writes() {
 }
 
 /// Each chunk as one sendmsg() of 12 iovecs (size line, the event in ten
-/// pieces, CRLF): more iovecs than the probes read in one piece (8), so the
-/// walk takes its first iovecs from that read and the rest one by one, and
-/// every event must still be counted and timed whole.
+/// pieces, CRLF): more iovecs than the probes copy inline (4), so the walk
+/// takes its first iovecs from one read of the process's array and the rest
+/// one by one, and every event must still be counted and timed whole.
 #[test]
 fn root_stdlib_sse_one_sendmsg_of_many_iovecs() {
     require_root("root_stdlib_sse_one_sendmsg_of_many_iovecs");
@@ -113,6 +113,23 @@ fn root_stdlib_sse_one_sendmsg_of_many_iovecs() {
         "stdlib http.server SSE, one sendmsg of 12 iovecs per chunk",
         ServerKind::Stdlib,
         &["--iovecs", "12"],
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
+/// The same 12 iovecs per chunk in one writev(): where the send-start hook
+/// runs (6.16+), the socket hooks read the iovec array from the kernel's
+/// copy of it instead of the process's, the first 4 inline and the rest one
+/// by one; every event must still be counted and timed whole.
+#[test]
+fn root_stdlib_sse_one_writev_of_many_iovecs() {
+    require_root("root_stdlib_sse_one_writev_of_many_iovecs");
+    scenario(
+        "stdlib http.server SSE, one writev of 12 iovecs per chunk",
+        ServerKind::Stdlib,
+        &["--iovecs", "12", "--writev"],
         &sse_runs(None),
         &SSE,
         &Tolerance::light(),

@@ -3,7 +3,7 @@
 
 Run:  python3 tests/servers/stdlib_sse.py --port P [--host 127.0.0.1]
                                           [--realistic] [--nagle]
-                                          [--iovecs N]
+                                          [--iovecs N [--writev]]
                                           [--ssl-certfile C --ssl-keyfile K
                                            [--late-tls]]
       (--port 0 picks a free port). Prints ``READY <port>`` on stdout,
@@ -44,6 +44,9 @@ token latency 15-45 ms with jitter (occasional longer stall), model name
 as ONE sendmsg() of N iovecs instead (the size line, the data cut into
 N - 2 pieces, the CRLF; a piece may be empty), the way writev-based servers
 (node, asyncio's writelines) frame theirs, with more pieces than they do.
+--writev: the same iovecs in one writev() instead (node's, hyper's and
+nginx's call), whose iovec array the socket hooks read from the kernel's
+copy rather than from the process.
 
 TCP_NODELAY is set on accepted sockets (as asyncio servers do) unless
 --nagle is given; with Nagle on, the 3-write framing can be held back.
@@ -117,7 +120,7 @@ def _split_tokens(text):
 
 DEMO_TOKENS = _split_tokens(DEMO_TEXT)
 
-CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None, "iovecs": 0}
+CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None, "iovecs": 0, "writev": False}
 TLS_STATE = {"lock": threading.Lock(), "port": None}
 
 
@@ -219,7 +222,8 @@ class Handler(BaseHTTPRequestHandler):
     def _write_chunk(self, data):
         iovecs = CONFIG["iovecs"]
         if iovecs:
-            # one sendmsg: size line, the data in iovecs - 2 pieces, CRLF
+            # one sendmsg (or writev): size line, the data in iovecs - 2
+            # pieces, CRLF
             cuts = [len(data) * k // (iovecs - 2) for k in range(iovecs - 1)]
             pieces = [data[a:b] for a, b in zip(cuts, cuts[1:])]
             self._send_all([b"%x\r\n" % len(data), *pieces, b"\r\n"])
@@ -230,10 +234,14 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(b"\r\n")
 
     def _send_all(self, buffers):
-        """sendmsg() until every byte of `buffers` is gone."""
+        """sendmsg() (writev() with --writev) until every byte of `buffers`
+        is gone."""
         views = [memoryview(b) for b in buffers]
         while views:
-            sent = self.connection.sendmsg(views)
+            if CONFIG["writev"]:
+                sent = os.writev(self.connection.fileno(), views)
+            else:
+                sent = self.connection.sendmsg(views)
             while views and sent >= len(views[0]):
                 sent -= len(views[0])
                 views.pop(0)
@@ -448,7 +456,14 @@ def main():
         default=0,
         help="each chunk as one sendmsg() of this many iovecs (at least 3; plaintext)",
     )
+    ap.add_argument(
+        "--writev",
+        action="store_true",
+        help="with --iovecs: one writev() per chunk instead of sendmsg()",
+    )
     args = ap.parse_args()
+    if args.writev and not args.iovecs:
+        ap.error("--writev needs --iovecs")
     if args.iovecs and (args.iovecs < 3 or args.ssl_certfile is not None):
         ap.error("--iovecs needs at least 3 and plaintext")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
@@ -458,6 +473,7 @@ def main():
     CONFIG["realistic"] = args.realistic
     CONFIG["nodelay"] = not args.nagle
     CONFIG["iovecs"] = args.iovecs
+    CONFIG["writev"] = args.writev
     CONFIG["certfile"], CONFIG["keyfile"] = args.ssl_certfile, args.ssl_keyfile
     CONFIG["host"] = args.host
     if args.ssl_certfile is not None and not args.late_tls:

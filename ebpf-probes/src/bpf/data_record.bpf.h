@@ -8,10 +8,11 @@
  * capture, known before the copy: min(capture_bytes, bytes moved)), the
  * header is filled in place and the payload is read from user memory
  * straight into the record: one copy. The iovec walk stops at the bytes
- * the syscall really moved; its first IOV_BATCH iovecs are read in one
- * piece before it starts. The verifier
- * sees no payload offsets (the dynptr checks them at run time), so the
- * walk costs it a few dozen instructions per iovec instead of hundreds.
+ * the syscall really moved; its first IOV_INLINE iovecs are read in one
+ * piece (from the kernel's copy of the array where the send's start kept
+ * it) and copied inline, the rest in a bpf_loop. The verifier sees no
+ * payload offsets (the dynptr checks them at run time), so the walk costs
+ * it a few dozen instructions per iovec instead of hundreds.
  *
  * Staged (older kernels): the record is built in the per-CPU `scratch`
  * slot and copied into the ring buffer by bpf_ringbuf_output (two copies),
@@ -146,31 +147,53 @@ static __always_inline int data_flat(struct data_out *o, struct tt_data_event *e
 	return submit_staged(o->s, copy_flat(o->s->payload, src, limit));
 }
 
-/* Iovecs the direct walk reads in one piece before it starts: a response
- * chunk is a few iovecs (node's writev: size line, event, CRLF), and a
- * read per iovec cost a helper call each on top of the payload's. */
-#define IOV_BATCH 8
+/* Iovecs the direct walk copies inline, without bpf_loop: a response
+ * chunk is a few iovecs (node's writev: size line, CRLF, event, CRLF), and
+ * a bpf_loop call, its callback per iovec and the walk's context on the
+ * stack cost more than the copies' own setup (perf of the node flood: a
+ * third of on_send_length's own time went to the walk). */
+#define IOV_INLINE 4
 
-/* One step of the direct iovec walk (a bpf_loop callback: the verifier
- * checks its body once, not once per iovec and per path of the program
- * that reaches it; an inline walk added ~90 ms of verification at start). */
+/* Where the iovec array is: user memory (the syscall's own argument), or
+ * the kernel's copy of it (`kernel_iov`: the send's msghdr, taken by
+ * on_sendmsg_locked), read by plain loads instead of one more user copy. */
+struct iov_src {
+	__u64 ptr;
+	bool kernel;
+};
+
+/* The iovec `i` of `src` (false: unreadable). */
+static __always_inline bool iov_at(struct iov_src src, __u32 i, struct iovec *v)
+{
+	const struct iovec *iov = (const struct iovec *)src.ptr + i;
+
+	if (src.kernel) {
+		if (!direct_reads())
+			return false;
+		const struct iovec *k = bpf_core_cast(iov, struct iovec);
+		v->iov_base = k->iov_base;
+		v->iov_len = k->iov_len;
+		return true;
+	}
+	return !bpf_probe_read_user(v, sizeof(*v), iov);
+}
+
+/* The walk past the inline iovecs, one bpf_loop step per iovec (the
+ * verifier checks the callback's body once, not once per iovec and per
+ * path of the program that reaches it; an inline walk of them all added
+ * ~90 ms of verification at start). */
 struct iov_walk {
 	struct data_out *o;
-	const struct iovec *iov;
+	struct iov_src src;
 	__u32 limit;
 	__u32 off;
-	struct iovec batch[IOV_BATCH];
 };
 
 static long iov_step(__u64 i, struct iov_walk *w)
 {
 	struct iovec v;
 
-	if (w->off >= w->limit)
-		return 1;
-	if (i < IOV_BATCH)
-		v = w->batch[i];
-	else if (bpf_probe_read_user(&v, sizeof(v), &w->iov[i]))
+	if (w->off >= w->limit || !iov_at(w->src, IOV_INLINE + i, &v))
 		return 1;
 	__u32 n = w->limit - w->off;
 	if (v.iov_len < n)
@@ -181,26 +204,47 @@ static long iov_step(__u64 i, struct iov_walk *w)
 	return 0;
 }
 
-/* The iovec array `iov_ptr` of `iovcnt` entries, up to `limit` bytes (the
- * bytes moved, capped by capture_bytes). `loop`: the kernel has bpf_loop
- * (5.17+; the agent loads this program's `_compat` twin otherwise, which
- * holds no bpf_loop callback for older kernels to refuse). */
+/* The iovec array `iov_ptr` of `iovcnt` entries (in the kernel's memory
+ * when `kernel_iov`), up to `limit` bytes (the bytes moved, capped by
+ * capture_bytes). `loop`: the kernel has bpf_loop (5.17+; the agent loads
+ * this program's `_compat` twin otherwise, which holds no bpf_loop
+ * callback for older kernels to refuse). `kernel_iov` only where the
+ * record is direct. */
 static __always_inline int data_iov(struct data_out *o, struct tt_data_event *e, __u64 iov_ptr, __u32 iovcnt,
-				    __u32 limit, const bool loop)
+				    __u32 limit, const bool loop, bool kernel_iov)
 {
 	if (!loop || !data_direct())
 		return submit_staged(o->s, copy_iov(o->s->payload, iov_ptr, iovcnt, limit));
-	struct iov_walk w = {
-		.o = o,
-		.iov = (const struct iovec *)iov_ptr,
-		.limit = limit,
-	};
-	__u32 first = iovcnt < IOV_BATCH ? iovcnt : IOV_BATCH;
+	struct iov_src src = { .ptr = iov_ptr, .kernel = kernel_iov };
+	struct iovec batch[IOV_INLINE] = {};
+	__u32 first = iovcnt < IOV_INLINE ? iovcnt : IOV_INLINE;
+	__u32 off = 0;
 
-	if (bpf_probe_read_user(w.batch, first * sizeof(struct iovec), w.iov))
+	if (kernel_iov) {
+		for (int i = 0; i < IOV_INLINE; i++)
+			if (i < first)
+				iov_at(src, i, &batch[i]);
+	} else if (bpf_probe_read_user(batch, first * sizeof(struct iovec), (void *)iov_ptr)) {
 		return submit_direct(o, e, 0);
-	bpf_loop(iovcnt < MAX_IOV ? iovcnt : MAX_IOV, iov_step, &w, 0);
-	return submit_direct(o, e, w.off);
+	}
+	for (int i = 0; i < IOV_INLINE; i++) {
+		if (i >= first || off >= limit)
+			return submit_direct(o, e, off);
+		__u32 n = limit - off;
+		if (batch[i].iov_len < n)
+			n = batch[i].iov_len;
+		if (bpf_probe_read_user_dynptr(&o->dp, DATA_HDR + off, n, batch[i].iov_base))
+			return submit_direct(o, e, off);
+		off += n;
+	}
+	if (iovcnt > IOV_INLINE && off < limit) {
+		struct iov_walk w = { .o = o, .src = src, .limit = limit, .off = off };
+		__u32 rest = (iovcnt < MAX_IOV ? iovcnt : MAX_IOV) - IOV_INLINE;
+
+		bpf_loop(rest, iov_step, &w, 0);
+		off = w.off;
+	}
+	return submit_direct(o, e, off);
 }
 
 #endif /* TOKENTRACE_DATA_RECORD_BPF_H */

@@ -44,6 +44,9 @@ struct io_args {
 	__s32 fd;
 	__u8 call;
 	__u8 direction;
+	/* `buf` is the kernel's copy of the iovec array (socket hooks: the
+	 * send's msghdr), not the user's. */
+	bool kernel_iov;
 };
 
 struct {
@@ -434,7 +437,7 @@ static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long
 	/* Only readv/writev/recvmsg/sendmsg take iovecs (`vec`): the other
 	 * programs carry no iovec walk for the verifier to check. */
 	if (vec && a->iovcnt)
-		return data_iov(&out, e, a->buf, a->iovcnt, limit, loop);
+		return data_iov(&out, e, a->buf, a->iovcnt, limit, loop, a->kernel_iov);
 	return data_flat(&out, e, a->buf, limit);
 }
 

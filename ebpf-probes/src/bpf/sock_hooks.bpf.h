@@ -52,6 +52,12 @@ const volatile bool socket_hooks = false;
 struct send_start {
 	__u64 ts;
 	__u64 sk;
+	/* The kernel's copy of a writev's iovec array (the msghdr's iterator
+	 * before its first byte was taken) and its length; 0: none. It lives
+	 * on the syscall's stack (or heap) until the call returns, past
+	 * sock_send_length, and reading it saves a user copy per send. */
+	__u64 iov;
+	__u64 nr_segs;
 };
 
 struct {
@@ -157,6 +163,12 @@ int BPF_PROG(on_sendmsg_locked, struct sock *sk, struct msghdr *msg, struct sk_b
 		return 0; /* a later pass of the same send */
 	start->ts = bpf_ktime_get_ns();
 	start->sk = (__u64)sk;
+	start->iov = 0;
+	struct iov_iter *iter = &msg->msg_iter;
+	if (iter->iter_type == bpf_core_enum_value(enum iter_type, ITER_IOVEC) && !iter->iov_offset) {
+		start->iov = (__u64)iter->__iov;
+		start->nr_segs = iter->nr_segs;
+	}
 	return 0;
 }
 
@@ -172,13 +184,24 @@ int BPF_PROG(on_send_length, struct sock *sk, int ret, int flags)
 	struct io_args a = {};
 	struct send_start *start = bpf_task_storage_get(&send_starts, task, 0, 0);
 
+	__u64 kernel_iov = 0, kernel_nr_segs = 0;
+
 	if (start) {
-		if (start->sk == (__u64)sk)
+		if (start->sk == (__u64)sk) {
 			a.ts_enter = start->ts;
+			kernel_iov = start->iov;
+			kernel_nr_segs = start->nr_segs;
+		}
 		start->sk = 0;
 	}
 	if (!inet_tcp(sk) || !io_args_of_syscall(&a, true))
 		return 0;
+	/* A writev whose iovecs the kernel still holds, all of them (none
+	 * taken before the send's first pass): read them there. */
+	if (kernel_iov && a.call == TT_IO_WRITEV && kernel_nr_segs == a.iovcnt && data_direct()) {
+		a.buf = kernel_iov;
+		a.kernel_iov = true;
+	}
 	/* No start: the send failed before its first byte, or the send-start
 	 * hook is not loaded (dated at its return). */
 	if (!a.ts_enter)
