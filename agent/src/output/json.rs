@@ -5,6 +5,7 @@
 
 use serde::Serialize;
 
+use super::ms_format::MsFormatter;
 use crate::model::{AbortReason, BodyKind, JoinKey, Protocol, RequestTimeline, SpanKind, Usage};
 use crate::units::ms;
 
@@ -210,9 +211,10 @@ impl<'a> JsonTimeline<'a> {
         // copied the line over and over.
         let numbers = self.chunk_offsets_ms.len() + self.itl_ms.len();
         let mut line = Vec::with_capacity(1024 + 12 * numbers);
+        let mut json = serde_json::Serializer::with_formatter(&mut line, MsFormatter);
         // Serialising plain fields of owned/borrowed data cannot fail, and
         // serde_json writes valid UTF-8.
-        match serde_json::to_writer(&mut line, self) {
+        match self.serialize(&mut json) {
             Ok(()) => String::from_utf8(line).unwrap_or_default(),
             Err(err) => format!("{{\"error\":\"{err}\"}}"),
         }

@@ -2,6 +2,7 @@
 //! summary.
 
 mod json;
+mod ms_format;
 mod summary;
 mod text;
 

@@ -126,10 +126,18 @@ impl SseScanner {
                 *bytes = &[];
                 return false;
             };
-            self.extend_line(&bytes[..i]);
             self.after_cr = bytes[i] == b'\r';
+            let dispatch = if self.line.is_empty() && !self.line_cut {
+                // The whole line is in this write (the usual case): read
+                // it where it is instead of copying it into `line`.
+                let room = self.cap.saturating_sub(self.data.len());
+                self.interpret(&bytes[..i.min(room)], i > room)
+            } else {
+                self.extend_line(&bytes[..i]);
+                self.end_line()
+            };
             *bytes = &bytes[i + 1..];
-            if self.end_line() {
+            if dispatch {
                 return true;
             }
         }
@@ -145,25 +153,30 @@ impl SseScanner {
             .extend_from_slice(&segment[..segment.len().min(room)]);
     }
 
-    /// Interprets the completed line. True when it dispatches an event with
-    /// data.
+    /// Interprets the line gathered in `line`. True when it dispatches an
+    /// event with data.
     fn end_line(&mut self) -> bool {
         let line = std::mem::take(&mut self.line);
         let cut = std::mem::replace(&mut self.line_cut, false);
-        let dispatch = if line.is_empty() {
-            // A blank line dispatches; without data the event is dropped
-            // (and so are its other fields, which we never kept).
-            self.has_data
-        } else {
-            if line[0] != b':' {
-                self.field(&line, cut);
-            }
-            false
-        };
+        let dispatch = self.interpret(&line, cut);
         // Keep the allocation for the next line.
         self.line = line;
         self.line.clear();
         dispatch
+    }
+
+    /// Interprets a completed line (`cut`: its end was not kept). True when
+    /// it dispatches an event with data.
+    fn interpret(&mut self, line: &[u8], cut: bool) -> bool {
+        if line.is_empty() {
+            // A blank line dispatches; without data the event is dropped
+            // (and so are its other fields, which we never kept).
+            return self.has_data;
+        }
+        if line[0] != b':' {
+            self.field(line, cut);
+        }
+        false
     }
 
     fn field(&mut self, line: &[u8], cut: bool) {
@@ -313,6 +326,28 @@ mod tests {
         // The line itself is cut at 8 bytes: "data: 01".
         assert_eq!((ev.data, ev.complete), (&b"01"[..], false));
         assert!(scanner.line.capacity() <= 64);
+    }
+
+    /// A line read where it lies (whole in one write) and one gathered
+    /// byte by byte are cut alike by the budget.
+    #[test]
+    fn whole_and_byte_by_byte_lines_agree_under_any_budget() {
+        let stream = b"data: 0123456789\r\n: c\n\ndata:ab\ndata: cdefgh\n\n\ndata: [DONE]\n\n";
+        for cap in 0..40 {
+            let events = |parts: &[&[u8]]| {
+                let mut scanner = SseScanner::new(cap);
+                let mut out = Vec::new();
+                for part in parts {
+                    let mut input = Bytes::Known(part);
+                    while let Some(ev) = scanner.next(&mut input) {
+                        out.push((ev.data.to_vec(), ev.complete));
+                    }
+                }
+                out
+            };
+            let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+            assert_eq!(events(&[stream]), events(&bytes), "cap {cap}");
+        }
     }
 
     #[test]

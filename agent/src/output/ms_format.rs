@@ -1,0 +1,140 @@
+//! serde_json's compact formatter, with the numbers of a timeline line
+//! written from integers.
+//!
+//! Every number a timeline line carries in milliseconds comes from
+//! [`crate::units::ms`]: whole microseconds over 1000. A streamed
+//! response's line is mostly two of them per chunk (`chunk_offsets_ms`,
+//! `itl_ms`), and the shortest-round-trip float formatting took ~5 % of
+//! the agent's CPU under a flood. Such a value is printed here as its
+//! integer part, a dot and up to three decimals: the same text the float
+//! formatting gives (its shortest decimal is exactly that one while it has
+//! at most 15 significant digits). Any other float goes to serde_json's own
+//! formatting.
+
+use std::io;
+
+use serde_json::ser::{CompactFormatter, Formatter};
+
+/// Largest microsecond count written from integers: 10^15 µs (31 years),
+/// 15 significant digits, well inside the exact range.
+const MAX_MICROS: f64 = 1e15;
+
+/// [`CompactFormatter`] with [`write_ms`] for floats.
+pub(super) struct MsFormatter;
+
+impl Formatter for MsFormatter {
+    fn write_f64<W: ?Sized + io::Write>(&mut self, writer: &mut W, value: f64) -> io::Result<()> {
+        match whole_micros(value) {
+            Some(micros) => write_ms(writer, micros),
+            None => CompactFormatter.write_f64(writer, value),
+        }
+    }
+}
+
+/// `value` × 1000 when that is a whole number below [`MAX_MICROS`] and
+/// `value` is not negative (nor -0.0).
+fn whole_micros(value: f64) -> Option<u64> {
+    if value.is_sign_negative() || !value.is_finite() {
+        return None;
+    }
+    let micros = (value * 1000.0).round();
+    (micros < MAX_MICROS && micros / 1000.0 == value).then_some(micros as u64)
+}
+
+/// `micros` / 1000 as a decimal: "12.5", "0.001", "3.0".
+fn write_ms<W: ?Sized + io::Write>(writer: &mut W, micros: u64) -> io::Result<()> {
+    let mut whole = itoa::Buffer::new();
+    writer.write_all(whole.format(micros / 1000).as_bytes())?;
+    let frac = (micros % 1000) as usize;
+    if frac == 0 {
+        return writer.write_all(b".0");
+    }
+    let digits = [
+        b'.',
+        b'0' + (frac / 100) as u8,
+        b'0' + (frac / 10 % 10) as u8,
+        b'0' + (frac % 10) as u8,
+    ];
+    let trailing_zeros = if frac.is_multiple_of(100) {
+        2
+    } else {
+        usize::from(frac.is_multiple_of(10))
+    };
+    writer.write_all(&digits[..digits.len() - trailing_zeros])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::ms;
+
+    fn ours(value: f64) -> String {
+        let mut out = Vec::new();
+        MsFormatter.write_f64(&mut out, value).expect("write");
+        String::from_utf8(out).expect("utf-8")
+    }
+
+    fn serde_json_s(value: f64) -> String {
+        serde_json::to_string(&value).expect("json")
+    }
+
+    #[test]
+    fn millisecond_values_print_as_the_float_formatting_prints_them() {
+        let mut ns: Vec<u64> = vec![
+            0,
+            1,
+            499,
+            500,
+            999,
+            1_000,
+            1_500,
+            10_000,
+            100_000,
+            999_999,
+            1_000_000,
+            1_000_500,
+            12_345_678,
+            60_000_000_000,
+            86_400_000_000_000,
+            999_999_999_999_999,
+        ];
+        // and a spread of every magnitude, from a fixed seed
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for _ in 0..200_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            ns.push(x >> (x % 50 + 14));
+        }
+        let mut integer_path = 0;
+        for n in ns {
+            let value = ms(n);
+            integer_path += usize::from(whole_micros(value).is_some());
+            assert_eq!(ours(value), serde_json_s(value), "{n} ns = {value} ms");
+        }
+        assert!(
+            integer_path > 190_000,
+            "only {integer_path} values took the integer path"
+        );
+    }
+
+    #[test]
+    fn other_floats_keep_serde_json_formatting() {
+        for value in [
+            -0.0,
+            -1.5,
+            0.0001,
+            1e-7,
+            0.1 + 0.2,
+            1e15,
+            1e20,
+            f64::MAX,
+            123.456_789,
+        ] {
+            assert_eq!(ours(value), serde_json_s(value), "{value}");
+        }
+        assert_eq!(whole_micros(0.1 + 0.2), None);
+        assert_eq!(whole_micros(-2.0), None);
+        assert_eq!(whole_micros(2.5), Some(2_500));
+    }
+}
