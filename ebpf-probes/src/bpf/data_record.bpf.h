@@ -216,26 +216,32 @@ static __always_inline int data_iov(struct data_out *o, struct tt_data_event *e,
 	if (!loop || !data_direct())
 		return submit_staged(o->s, copy_iov(o->s->payload, iov_ptr, iovcnt, limit));
 	struct iov_src src = { .ptr = iov_ptr, .kernel = kernel_iov };
-	struct iovec batch[IOV_INLINE] = {};
 	__u32 first = iovcnt < IOV_INLINE ? iovcnt : IOV_INLINE;
 	__u32 off = 0;
 
-	if (kernel_iov) {
-		for (int i = 0; i < IOV_INLINE; i++)
-			if (i < first)
-				iov_at(src, i, &batch[i]);
-	} else if (bpf_probe_read_user(batch, first * sizeof(struct iovec), (void *)iov_ptr)) {
-		return submit_direct(o, e, 0);
-	}
-	for (int i = 0; i < IOV_INLINE; i++) {
-		if (i >= first || off >= limit)
-			return submit_direct(o, e, off);
-		__u32 n = limit - off;
-		if (batch[i].iov_len < n)
-			n = batch[i].iov_len;
-		if (bpf_probe_read_user_dynptr(&o->dp, DATA_HDR + off, n, batch[i].iov_base))
-			return submit_direct(o, e, off);
-		off += n;
+	/* Its own scope, so that the walk context below can reuse its stack
+	 * (the syscall hooks' exit program has 512 bytes for all its frames
+	 * on kernels without private stacks). */
+	{
+		struct iovec batch[IOV_INLINE] = {};
+
+		if (kernel_iov) {
+			for (int i = 0; i < IOV_INLINE; i++)
+				if (i < first)
+					iov_at(src, i, &batch[i]);
+		} else if (bpf_probe_read_user(batch, first * sizeof(struct iovec), (void *)iov_ptr)) {
+			return submit_direct(o, e, 0);
+		}
+		for (int i = 0; i < IOV_INLINE; i++) {
+			if (i >= first || off >= limit)
+				return submit_direct(o, e, off);
+			__u32 n = limit - off;
+			if (batch[i].iov_len < n)
+				n = batch[i].iov_len;
+			if (bpf_probe_read_user_dynptr(&o->dp, DATA_HDR + off, n, batch[i].iov_base))
+				return submit_direct(o, e, off);
+			off += n;
+		}
 	}
 	if (iovcnt > IOV_INLINE && off < limit) {
 		struct iov_walk w = { .o = o, .src = src, .limit = limit, .off = off };
