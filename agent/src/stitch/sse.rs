@@ -130,7 +130,7 @@ impl SseScanner {
             let dispatch = if self.line.is_empty() && !self.line_cut {
                 // The whole line is in this write (the usual case): read
                 // it where it is instead of copying it into `line`.
-                let room = self.cap.saturating_sub(self.data.len());
+                let room = self.line_room();
                 self.interpret(&bytes[..i.min(room)], i > room)
             } else {
                 self.extend_line(&bytes[..i]);
@@ -143,9 +143,14 @@ impl SseScanner {
         }
     }
 
-    /// The line and the event's data share one budget of `cap` bytes.
+    /// The line and the event's data share one budget of `cap` bytes:
+    /// what is left of it for the current line.
+    fn line_room(&self) -> usize {
+        self.cap.saturating_sub(self.line.len() + self.data.len())
+    }
+
     fn extend_line(&mut self, segment: &[u8]) {
-        let room = self.cap.saturating_sub(self.line.len() + self.data.len());
+        let room = self.line_room();
         if segment.len() > room {
             self.line_cut = true;
         }
