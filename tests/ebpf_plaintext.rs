@@ -136,6 +136,53 @@ fn root_stdlib_sse_one_writev_of_many_iovecs() {
     );
 }
 
+/// node's writev of a chunk (size digits and event side by side in one
+/// buffer, one static CRLF twice): the probes read the two stretches of
+/// memory once each and the agent puts the 4 pieces back in order.
+#[test]
+fn root_stdlib_sse_node_iovecs_read_once() {
+    require_root("root_stdlib_sse_node_iovecs_read_once");
+    scenario(
+        "stdlib http.server SSE, node's 4 iovecs per writev",
+        ServerKind::Stdlib,
+        &["--iovecs", "4", "--writev", "--shared-buffer"],
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
+/// The same layout in 12 iovecs of a sendmsg (the iovec array read from
+/// the process): the 4 inline pieces gathered, the 8 after them in order.
+#[test]
+fn root_stdlib_sse_shared_buffer_sendmsg_of_many_iovecs() {
+    require_root("root_stdlib_sse_shared_buffer_sendmsg_of_many_iovecs");
+    scenario(
+        "stdlib http.server SSE, 12 iovecs over one buffer per sendmsg",
+        ServerKind::Stdlib,
+        &["--iovecs", "12", "--shared-buffer"],
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
+/// The syscall hooks' exit program gathers too (its writev's iovec array
+/// from the process).
+#[test]
+fn root_stdlib_sse_shared_buffer_through_the_syscall_hooks() {
+    require_root("root_stdlib_sse_shared_buffer_through_the_syscall_hooks");
+    scenario_with(
+        "stdlib http.server SSE, node's iovecs, --data-hooks syscall",
+        ServerKind::Stdlib,
+        &["--iovecs", "6", "--writev", "--shared-buffer"],
+        Selector::PidWith(&["--data-hooks", "syscall"]),
+        &sse_runs(None),
+        &SSE,
+        &Tolerance::light(),
+    );
+}
+
 /// The syscall hooks, the data path of kernels without the socket hooks'
 /// tracepoints (before 6.3), chosen here by hand: the same brackets hold.
 #[test]

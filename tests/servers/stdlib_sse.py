@@ -3,7 +3,7 @@
 
 Run:  python3 tests/servers/stdlib_sse.py --port P [--host 127.0.0.1]
                                           [--realistic] [--nagle]
-                                          [--iovecs N [--writev]]
+                                          [--iovecs N [--writev] [--shared-buffer]]
                                           [--ssl-certfile C --ssl-keyfile K
                                            [--late-tls]]
       (--port 0 picks a free port). Prints ``READY <port>`` on stdout,
@@ -47,6 +47,11 @@ N - 2 pieces, the CRLF; a piece may be empty), the way writev-based servers
 --writev: the same iovecs in one writev() instead (node's, hyper's and
 nginx's call), whose iovec array the socket hooks read from the kernel's
 copy rather than from the process.
+--shared-buffer: with --iovecs N (at least 4), node's layout of a chunk's
+iovecs: the size digits and the data side by side in one buffer, and one
+static CRLF buffer sent twice, in the order digits, CRLF, the data in N - 3
+pieces, CRLF. The probes read such neighbours and repeats once (a record's
+gathered payload).
 
 TCP_NODELAY is set on accepted sockets (as asyncio servers do) unless
 --nagle is given; with Nagle on, the 3-write framing can be held back.
@@ -120,7 +125,21 @@ def _split_tokens(text):
 
 DEMO_TOKENS = _split_tokens(DEMO_TEXT)
 
-CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None, "iovecs": 0, "writev": False}
+CONFIG = {"realistic": False, "nodelay": True, "certfile": None, "keyfile": None, "host": None, "iovecs": 0, "writev": False, "shared_buffer": False}
+
+# --shared-buffer: the one CRLF every chunk sends twice (node's crlf_buf).
+CRLF = memoryview(b"\r\n")
+
+
+def node_iovecs(data, iovecs):
+    """A chunk's iovecs laid out as node's writev has them: the size digits
+    and the data side by side in one buffer, the static CRLF twice."""
+    digits = b"%x" % len(data)
+    buf = memoryview(digits + data)
+    body = buf[len(digits):]
+    cuts = [len(data) * k // (iovecs - 3) for k in range(iovecs - 2)]
+    pieces = [body[a:b] for a, b in zip(cuts, cuts[1:])]
+    return [buf[: len(digits)], CRLF, *pieces, CRLF]
 TLS_STATE = {"lock": threading.Lock(), "port": None}
 
 
@@ -224,6 +243,9 @@ class Handler(BaseHTTPRequestHandler):
         if iovecs:
             # one sendmsg (or writev): size line, the data in iovecs - 2
             # pieces, CRLF
+            if CONFIG["shared_buffer"]:
+                self._send_all(node_iovecs(data, iovecs))
+                return
             cuts = [len(data) * k // (iovecs - 2) for k in range(iovecs - 1)]
             pieces = [data[a:b] for a, b in zip(cuts, cuts[1:])]
             self._send_all([b"%x\r\n" % len(data), *pieces, b"\r\n"])
@@ -461,9 +483,16 @@ def main():
         action="store_true",
         help="with --iovecs: one writev() per chunk instead of sendmsg()",
     )
+    ap.add_argument(
+        "--shared-buffer",
+        action="store_true",
+        help="with --iovecs: node's iovecs (digits and data in one buffer, one static CRLF twice)",
+    )
     args = ap.parse_args()
     if args.writev and not args.iovecs:
         ap.error("--writev needs --iovecs")
+    if args.shared_buffer and args.iovecs < 4:
+        ap.error("--shared-buffer needs --iovecs 4 or more")
     if args.iovecs and (args.iovecs < 3 or args.ssl_certfile is not None):
         ap.error("--iovecs needs at least 3 and plaintext")
     if (args.ssl_keyfile is None) != (args.ssl_certfile is None):
@@ -474,6 +503,7 @@ def main():
     CONFIG["nodelay"] = not args.nagle
     CONFIG["iovecs"] = args.iovecs
     CONFIG["writev"] = args.writev
+    CONFIG["shared_buffer"] = args.shared_buffer
     CONFIG["certfile"], CONFIG["keyfile"] = args.ssl_certfile, args.ssl_keyfile
     CONFIG["host"] = args.host
     if args.ssl_certfile is not None and not args.late_tls:

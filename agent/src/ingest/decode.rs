@@ -33,6 +33,8 @@ pub enum DecodeError {
     UnknownValue { what: &'static str, value: u32 },
     #[error("data record claims {claimed} payload bytes but carries {present}")]
     PayloadMismatch { claimed: u32, present: usize },
+    #[error("data record's gathered payload is broken: {0}")]
+    Gather(String),
 }
 
 fn read<T: plain::Plain + Default + Copy>(
@@ -348,7 +350,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
             present: room.len(),
         });
     }
-    let payload = &room[..raw.captured as usize];
+    let payload = super::gather::payload(raw, &room[..raw.captured as usize])?;
     Ok(Event::Data(DataEvent {
         conn: ConnId {
             pid: raw.hdr.tgid,
@@ -364,7 +366,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
         direction: direction(raw.direction)?,
         call: io_call(raw.call)?,
         len: raw.len,
-        payload: payload.to_vec(),
+        payload,
         addrs: addrs(&raw.addrs),
         tcp: (raw.direction == tt_direction::TT_DIR_EGRESS.0 as u8 && raw.fd >= 0).then_some(
             TcpSendState {

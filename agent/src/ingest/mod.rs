@@ -7,6 +7,7 @@
 
 mod decode;
 mod deliver;
+mod gather;
 mod wakeup;
 
 use std::cell::RefCell;

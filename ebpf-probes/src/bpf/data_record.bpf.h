@@ -42,6 +42,17 @@ static __always_inline bool data_direct(void)
 	return bpf_ksym_exists(bpf_probe_read_user_dynptr);
 }
 
+/* The payload is data[0 .. captured), in order (a gathering walk says
+ * otherwise once it has placed its pieces). */
+static __always_inline void no_gather(struct tt_data_event *e)
+{
+	e->gather_segs = 0;
+	e->gather_tail = 0;
+	e->_pad2 = 0;
+	__builtin_memset(e->gather_off, 0, sizeof(e->gather_off));
+	__builtin_memset(e->gather_len, 0, sizeof(e->gather_len));
+}
+
 /* A record with room for `limit` (<= capture_bytes) payload bytes. */
 static __always_inline struct tt_data_event *data_begin(struct data_out *o, __u32 limit)
 {
@@ -58,6 +69,7 @@ static __always_inline struct tt_data_event *data_begin(struct data_out *o, __u3
 			bpf_ringbuf_discard_dynptr(&o->dp, 0);
 			return NULL;
 		}
+		no_gather(e);
 		return e;
 	}
 	__u32 cpu = bpf_get_smp_processor_id();
@@ -66,6 +78,7 @@ static __always_inline struct tt_data_event *data_begin(struct data_out *o, __u3
 		__sync_fetch_and_add(&scratch_misses, 1);
 		return NULL;
 	}
+	no_gather(&o->s->ev);
 	return &o->s->ev;
 }
 
@@ -151,8 +164,9 @@ static __always_inline int data_flat(struct data_out *o, struct tt_data_event *e
  * chunk is a few iovecs (node's writev: size line, CRLF, event, CRLF), and
  * a bpf_loop call, its callback per iovec and the walk's context on the
  * stack cost more than the copies' own setup (perf of the node flood: a
- * third of on_send_length's own time went to the walk). */
-#define IOV_INLINE 4
+ * third of on_send_length's own time went to the walk). They are also the
+ * pieces a record can gather (TT_GATHER_SEGS). */
+#define IOV_INLINE TT_GATHER_SEGS
 
 /* Where the iovec array is: user memory (the syscall's own argument), or
  * the kernel's copy of it (`kernel_iov`: the send's msghdr, taken by
@@ -181,12 +195,15 @@ static __always_inline bool iov_at(struct iov_src src, __u32 i, struct iovec *v)
 /* The walk past the inline iovecs, one bpf_loop step per iovec (the
  * verifier checks the callback's body once, not once per iovec and per
  * path of the program that reaches it; an inline walk of them all added
- * ~90 ms of verification at start). */
+ * ~90 ms of verification at start). `off` counts payload bytes (against
+ * `limit`), `at` is where the next ones go in data[] (behind `off` by what
+ * the inline pieces gathered). */
 struct iov_walk {
 	struct data_out *o;
 	struct iov_src src;
 	__u32 limit;
 	__u32 off;
+	__u32 at;
 };
 
 static long iov_step(__u64 i, struct iov_walk *w)
@@ -198,10 +215,97 @@ static long iov_step(__u64 i, struct iov_walk *w)
 	__u32 n = w->limit - w->off;
 	if (v.iov_len < n)
 		n = v.iov_len;
-	if (bpf_probe_read_user_dynptr(&w->o->dp, DATA_HDR + w->off, n, v.iov_base))
+	if (bpf_probe_read_user_dynptr(&w->o->dp, DATA_HDR + w->at, n, v.iov_base))
 		return 1;
 	w->off += n;
+	w->at += n;
 	return 0;
+}
+
+/* The inline pieces of a direct walk: the first IOV_INLINE iovecs of
+ * `batch`, each cut to the bytes left of `limit`. A user copy costs far
+ * more to set up than to move a few bytes (two thirds of on_send_length
+ * under the node flood), so pieces that start inside or right where an
+ * earlier window of user memory ends join it, and each window is read
+ * once: node's size line and event share one buffer and its two CRLFs are
+ * one static, so 4 copies become 2. The windows are kept in batch[]
+ * itself (window w is opened by piece i >= w, after that piece was read).
+ * Where no piece joined another, data[] is the payload in order, as
+ * without gathering. Returns the bytes placed in data[]; `*off` the
+ * payload bytes they stand for. */
+static __always_inline __u32 gather_inline(struct data_out *o, struct tt_data_event *e,
+					   struct iovec *batch, __u32 first, __u32 limit, __u32 *off)
+{
+	__u32 pieces = 0, windows = 0;
+	/* 2 bits per piece: its window. */
+	__u32 owner = 0;
+
+	for (int i = 0; i < IOV_INLINE; i++) {
+		if (i >= first || *off >= limit)
+			break;
+		__u64 base = (__u64)batch[i].iov_base;
+		__u32 n = limit - *off;
+		if (batch[i].iov_len < n)
+			n = batch[i].iov_len;
+		__u32 w = windows, rel = 0;
+		for (int j = 0; j < i; j++) {
+			__u64 start = (__u64)batch[j].iov_base;
+			if (j < windows && base >= start && base - start <= batch[j].iov_len) {
+				w = j;
+				rel = base - start;
+				if (rel + n > batch[j].iov_len)
+					batch[j].iov_len = rel + n;
+				break;
+			}
+		}
+		if (w == windows) {
+			for (int j = 0; j <= i; j++)
+				if (j == windows) {
+					batch[j].iov_base = (void *)base;
+					batch[j].iov_len = n;
+				}
+			windows++;
+		}
+		owner |= w << (2 * i);
+		e->gather_off[i] = rel;
+		e->gather_len[i] = n;
+		*off += n;
+		pieces = i + 1;
+	}
+	bool gathered = windows < pieces;
+	__u32 at = 0;
+
+	for (int w = 0; w < IOV_INLINE; w++) {
+		if (w >= windows)
+			break;
+		if (bpf_probe_read_user_dynptr(&o->dp, DATA_HDR + at, batch[w].iov_len, batch[w].iov_base)) {
+			/* The pieces before this window's first one are whole. */
+			if (gathered) {
+				__u32 whole = 0;
+				while (whole < pieces && ((owner >> (2 * whole)) & 3) < w)
+					whole++;
+				e->gather_segs = whole;
+				e->gather_tail = at;
+			}
+			*off = limit;
+			return at;
+		}
+		at += batch[w].iov_len;
+	}
+	if (!gathered)
+		return at;
+	/* Each piece's offset in its window, plus where the window starts. */
+	for (int i = 0; i < IOV_INLINE; i++) {
+		if (i >= pieces)
+			break;
+		__u32 w = (owner >> (2 * i)) & 3;
+		for (int j = 0; j < IOV_INLINE; j++)
+			if (j < w)
+				e->gather_off[i] += batch[j].iov_len;
+	}
+	e->gather_segs = pieces;
+	e->gather_tail = at;
+	return at;
 }
 
 /* The iovec array `iov_ptr` of `iovcnt` entries (in the kernel's memory
@@ -217,7 +321,7 @@ static __always_inline int data_iov(struct data_out *o, struct tt_data_event *e,
 		return submit_staged(o->s, copy_iov(o->s->payload, iov_ptr, iovcnt, limit));
 	struct iov_src src = { .ptr = iov_ptr, .kernel = kernel_iov };
 	__u32 first = iovcnt < IOV_INLINE ? iovcnt : IOV_INLINE;
-	__u32 off = 0;
+	__u32 off = 0, at;
 
 	/* Its own scope, so that the walk context below can reuse its stack
 	 * (the syscall hooks' exit program has 512 bytes for all its frames
@@ -225,32 +329,23 @@ static __always_inline int data_iov(struct data_out *o, struct tt_data_event *e,
 	{
 		struct iovec batch[IOV_INLINE] = {};
 
-		if (kernel_iov) {
-			for (int i = 0; i < IOV_INLINE; i++)
-				if (i < first)
-					iov_at(src, i, &batch[i]);
-		} else if (bpf_probe_read_user(batch, first * sizeof(struct iovec), (void *)iov_ptr)) {
+		/* A helper's copy even from the kernel's array: plain loads
+		 * would type the bases as pointers, and the verifier refuses
+		 * the window arithmetic on them. */
+		long err = kernel_iov ? bpf_probe_read_kernel(batch, first * sizeof(struct iovec), (void *)iov_ptr)
+				      : bpf_probe_read_user(batch, first * sizeof(struct iovec), (void *)iov_ptr);
+		if (err)
 			return submit_direct(o, e, 0);
-		}
-		for (int i = 0; i < IOV_INLINE; i++) {
-			if (i >= first || off >= limit)
-				return submit_direct(o, e, off);
-			__u32 n = limit - off;
-			if (batch[i].iov_len < n)
-				n = batch[i].iov_len;
-			if (bpf_probe_read_user_dynptr(&o->dp, DATA_HDR + off, n, batch[i].iov_base))
-				return submit_direct(o, e, off);
-			off += n;
-		}
+		at = gather_inline(o, e, batch, first, limit, &off);
 	}
 	if (iovcnt > IOV_INLINE && off < limit) {
-		struct iov_walk w = { .o = o, .src = src, .limit = limit, .off = off };
+		struct iov_walk w = { .o = o, .src = src, .limit = limit, .off = off, .at = at };
 		__u32 rest = (iovcnt < MAX_IOV ? iovcnt : MAX_IOV) - IOV_INLINE;
 
 		bpf_loop(rest, iov_step, &w, 0);
-		off = w.off;
+		at = w.at;
 	}
-	return submit_direct(o, e, off);
+	return submit_direct(o, e, at);
 }
 
 #endif /* TOKENTRACE_DATA_RECORD_BPF_H */

@@ -38,6 +38,10 @@
 #define TT_INGRESS_MARKS 8
 #endif
 
+/* Payload pieces a data record can gather (struct tt_data_event): the
+ * iovecs the probes copy inline, without a loop. */
+#define TT_GATHER_SEGS 4
+
 #define TASK_COMM_LEN 16
 #define LLM_ID_LEN 64
 #define EXEC_FILENAME_LEN 128
@@ -180,11 +184,20 @@ struct tt_data_event {
 	__u8 call; /* enum tt_io_call */
 	/* Egress on a TCP socket: 1 if TCP_NODELAY is set, 0 if Nagle is on. */
 	__u8 tcp_nodelay;
-	__u8 _pad;
+	/* 0: data[0 .. captured) is the payload, in order. n > 0: iovecs that
+	 * lie inside or right after one another in memory were read once (a
+	 * writer that keeps its chunk-size line and event in one buffer and
+	 * sends the same CRLF twice: node), so the payload is its first n
+	 * pieces, data[gather_off[i] .. + gather_len[i]) for i < n in order,
+	 * then data[gather_tail .. captured). */
+	__u8 gather_segs;
 	/* Egress: bytes written but not yet sent when the write returned
 	 * (held by Nagle, cwnd or the peer's window). */
 	__u32 unsent_bytes;
-	__u32 _pad2;
+	__u16 gather_off[TT_GATHER_SEGS];
+	__u16 gather_len[TT_GATHER_SEGS];
+	__u16 gather_tail;
+	__u16 _pad2;
 	/* Ingress: when the oldest byte this read returned reached the host
 	 * (tcp_probe at the start of tcp_rcv_established); 0 if unknown (it
 	 * arrived before the socket was tracked). */
