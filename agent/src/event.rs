@@ -7,6 +7,8 @@
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use bytes::Bytes;
+
 /// Nanoseconds of `CLOCK_MONOTONIC`, the clock `bpf_ktime_get_ns` reads.
 pub type MonoNs = u64;
 
@@ -196,8 +198,12 @@ pub struct DataEvent {
     pub call: IoCall,
     /// Bytes the syscall really moved.
     pub len: u32,
-    /// The captured prefix of those bytes (`payload.len() <= len`).
-    pub payload: Vec<u8>,
+    /// The captured prefix of those bytes (`payload.len() <= len`). From the
+    /// ring buffer it is a slice of the buffer its whole delivered batch
+    /// shares (one allocation per batch instead of one per record): cheap
+    /// to clone, and it keeps that buffer alive, so what holds events for
+    /// long copies the bytes out (the trigger history does).
+    pub payload: Bytes,
     pub addrs: Option<SockAddrs>,
     /// Send-side TCP state after an egress write on a socket.
     pub tcp: Option<TcpSendState>,

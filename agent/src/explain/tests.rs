@@ -112,7 +112,7 @@ fn write(at_ms: u64, unsent: u32, nodelay: bool) -> Event {
         direction: Direction::Egress,
         call: IoCall::Write,
         len: 10,
-        payload: Vec::new(),
+        payload: bytes::Bytes::new(),
         addrs: None,
         tcp: Some(TcpSendState {
             nodelay,

@@ -159,7 +159,7 @@ fn data(direction: Direction, ts: u64, payload: &[u8], len: usize) -> Event {
             Direction::Egress => IoCall::Write,
         },
         len: u32::try_from(len).unwrap_or(u32::MAX),
-        payload: payload.to_vec(),
+        payload: bytes::Bytes::copy_from_slice(payload),
         addrs: None,
         tcp: None,
         ingress: None,

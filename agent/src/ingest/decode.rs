@@ -3,6 +3,7 @@
 //! Record layouts come from the types libbpf-cargo generated from
 //! `events.h`; nothing here restates them.
 
+use bytes::BytesMut;
 use thiserror::Error;
 use tokentrace_probes::infer::types::{
     tt_cuda_sync, tt_cuda_sync_event, tt_llm_probe, tt_offcpu_event, tt_usdt_event,
@@ -126,11 +127,19 @@ fn io_call(raw: u8) -> Result<IoCall, DecodeError> {
     })
 }
 
-/// Decodes one ring buffer record.
+/// Decodes one ring buffer record (a data record's payload in a buffer of
+/// its own).
 pub fn decode(record: &[u8]) -> Result<Event, DecodeError> {
+    decode_into(record, &mut BytesMut::new())
+}
+
+/// Decodes one ring buffer record; a data record's payload is written at
+/// the end of `payloads` and split off it, so the records of a batch share
+/// its allocation.
+pub fn decode_into(record: &[u8], payloads: &mut BytesMut) -> Result<Event, DecodeError> {
     let hdr: tt_event_header = read(record, "event header")?;
     match tt_event_kind(hdr.kind) {
-        tt_event_kind::TT_EVENT_DATA => decode_data(record),
+        tt_event_kind::TT_EVENT_DATA => decode_data(record, payloads),
         kind @ (tt_event_kind::TT_EVENT_ACCEPT | tt_event_kind::TT_EVENT_CLOSE) => {
             let raw: tt_conn_event = read(record, "connection record")?;
             let event = ConnEvent {
@@ -327,7 +336,7 @@ fn marks(raw: &tt_data_event) -> Vec<IngressMark> {
     marks
 }
 
-fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
+fn decode_data(record: &[u8], payloads: &mut BytesMut) -> Result<Event, DecodeError> {
     // Read in place: ring buffer records are 8-byte aligned, and copying
     // the ~300-byte header out first (its 8 arrival marks are mostly
     // unused) was a copy per record for nothing. A misaligned or short
@@ -350,7 +359,7 @@ fn decode_data(record: &[u8]) -> Result<Event, DecodeError> {
             present: room.len(),
         });
     }
-    let payload = super::gather::payload(raw, &room[..raw.captured as usize])?;
+    let payload = super::gather::payload(raw, &room[..raw.captured as usize], payloads)?;
     Ok(Event::Data(DataEvent {
         conn: ConnId {
             pid: raw.hdr.tgid,
@@ -453,7 +462,7 @@ mod tests {
         assert_eq!((data.ts_enter, data.ts_exit), (1_000, 2_000));
         assert_eq!(data.direction, Direction::Egress);
         assert_eq!(data.call, IoCall::Writev);
-        assert_eq!(data.payload, b"data: {}\n\n");
+        assert_eq!(&data.payload[..], b"data: {}\n\n");
         assert!(data.is_truncated());
         let addrs = data.addrs.expect("IPv4 addresses");
         assert_eq!(addrs.local.to_string(), "127.0.0.1:8000");
@@ -462,6 +471,21 @@ mod tests {
 
     /// Read in place when aligned (as the ring's records are), copied out
     /// when not: the same event either way.
+    #[test]
+    fn a_batchs_payloads_are_slices_of_one_buffer() {
+        let mut payloads = BytesMut::with_capacity(4096);
+        let decoded = [&b"first"[..], b"second"].map(|payload| {
+            match decode_into(&data_record(payload, payload.len() as u32), &mut payloads) {
+                Ok(Event::Data(data)) => data.payload,
+                other => panic!("not a data event: {other:?}"),
+            }
+        });
+        assert_eq!(&decoded[0][..], b"first");
+        assert_eq!(&decoded[1][..], b"second");
+        // One allocation: the second payload starts where the first ends.
+        assert_eq!(decoded[0].as_ptr_range().end, decoded[1].as_ptr());
+    }
+
     #[test]
     fn a_misaligned_data_record_decodes_the_same() {
         let record = data_record(b"data: {}\n\n", 10);
@@ -552,7 +576,7 @@ mod tests {
         let captured = std::mem::offset_of!(tt_data_event, captured);
         partial[captured..captured + 4].copy_from_slice(&4u32.to_ne_bytes());
         match decode(&partial) {
-            Ok(Event::Data(data)) => assert_eq!(data.payload, b"abcd"),
+            Ok(Event::Data(data)) => assert_eq!(&data.payload[..], b"abcd"),
             other => panic!("a partly copied record decodes: {other:?}"),
         }
         let mut unknown = data_record(b"", 0);

@@ -6,15 +6,22 @@
 //! The payload is put back in order here, where it costs a copy the
 //! decoder makes anyway, instead of in the kernel.
 
+use bytes::{Bytes, BytesMut};
 use tokentrace_probes::sock::types::tt_data_event;
 
 use super::DecodeError;
 
-/// The payload `raw` stands for, from its `captured` bytes `data`.
-pub(super) fn payload(raw: &tt_data_event, data: &[u8]) -> Result<Vec<u8>, DecodeError> {
+/// The payload `raw` stands for, from its `captured` bytes `data`: written
+/// at the end of `out` and split off it (the batch's shared buffer).
+pub(super) fn payload(
+    raw: &tt_data_event,
+    data: &[u8],
+    out: &mut BytesMut,
+) -> Result<Bytes, DecodeError> {
     let pieces = usize::from(raw.gather_segs);
     if pieces == 0 {
-        return Ok(data.to_vec());
+        out.extend_from_slice(data);
+        return Ok(out.split().freeze());
     }
     if pieces > raw.gather_off.len() {
         return Err(DecodeError::Gather(format!(
@@ -29,35 +36,45 @@ pub(super) fn payload(raw: &tt_data_event, data: &[u8]) -> Result<Vec<u8>, Decod
             data.len()
         ))
     })?;
-    let ranges: Vec<_> = raw.gather_off[..pieces]
+    let mut total = rest.len();
+    for (piece, (&off, &len)) in raw.gather_off[..pieces]
         .iter()
         .zip(&raw.gather_len[..pieces])
-        .map(|(&off, &len)| usize::from(off)..usize::from(off) + usize::from(len))
-        .collect();
-    let total = ranges.iter().map(|r| r.len()).sum::<usize>() + rest.len();
+        .enumerate()
+    {
+        let range = usize::from(off)..usize::from(off) + usize::from(len);
+        if range.end > data.len() {
+            return Err(DecodeError::Gather(format!(
+                "piece {piece} at {range:?} lies past the {} captured bytes",
+                data.len()
+            )));
+        }
+        total += range.len();
+    }
     if total > raw.len as usize {
         return Err(DecodeError::Gather(format!(
             "{total} payload bytes, more than the {} moved",
             raw.len
         )));
     }
-    let mut out = Vec::with_capacity(total);
-    for (piece, range) in ranges.into_iter().enumerate() {
-        let bytes = data.get(range.clone()).ok_or_else(|| {
-            DecodeError::Gather(format!(
-                "piece {piece} at {range:?} lies past the {} captured bytes",
-                data.len()
-            ))
-        })?;
-        out.extend_from_slice(bytes);
+    out.reserve(total);
+    for (&off, &len) in raw.gather_off[..pieces]
+        .iter()
+        .zip(&raw.gather_len[..pieces])
+    {
+        out.extend_from_slice(&data[usize::from(off)..usize::from(off) + usize::from(len)]);
     }
     out.extend_from_slice(rest);
-    Ok(out)
+    Ok(out.split().freeze())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn gathered(raw: &tt_data_event, data: &[u8]) -> Result<Bytes, DecodeError> {
+        payload(raw, data, &mut BytesMut::new())
+    }
 
     /// node's writev of one SSE chunk: size line and event in one buffer,
     /// the same CRLF twice, as the probe lays them out.
@@ -82,22 +99,22 @@ mod tests {
     fn gathered_pieces_come_back_in_order_then_the_rest() {
         let (mut raw, mut data) = node_chunk();
         assert_eq!(
-            payload(&raw, &data).expect("a well-formed gather"),
-            b"13\r\ndata: {\"token\":1}\n\n\r\n".to_vec()
+            gathered(&raw, &data).expect("a well-formed gather"),
+            &b"13\r\ndata: {\"token\":1}\n\n\r\n"[..]
         );
         // Iovecs past the inline ones follow the windows, in order.
         data.extend_from_slice(b"more");
         raw.len += 4;
         assert_eq!(
-            payload(&raw, &data).expect("a well-formed gather"),
-            b"13\r\ndata: {\"token\":1}\n\n\r\nmore".to_vec()
+            gathered(&raw, &data).expect("a well-formed gather"),
+            &b"13\r\ndata: {\"token\":1}\n\n\r\nmore"[..]
         );
     }
 
     #[test]
     fn an_ungathered_record_is_its_bytes() {
         let raw = tt_data_event::default();
-        assert_eq!(payload(&raw, b"abc").expect("plain bytes"), b"abc".to_vec());
+        assert_eq!(gathered(&raw, b"abc").expect("plain bytes"), &b"abc"[..]);
     }
 
     #[test]
@@ -105,17 +122,17 @@ mod tests {
         let (raw, data) = node_chunk();
         let mut past = raw;
         past.gather_len[2] += 1;
-        assert!(payload(&past, &data).is_err(), "piece past the bytes");
+        assert!(gathered(&past, &data).is_err(), "piece past the bytes");
         let mut tail = raw;
         tail.gather_tail = data.len() as u16 + 1;
-        assert!(payload(&tail, &data).is_err(), "rest past the bytes");
+        assert!(gathered(&tail, &data).is_err(), "rest past the bytes");
         let mut many = raw;
         many.gather_segs = 5;
-        assert!(payload(&many, &data).is_err(), "more pieces than fields");
+        assert!(gathered(&many, &data).is_err(), "more pieces than fields");
         let mut moved = raw;
         moved.len -= 1;
         assert!(
-            payload(&moved, &data).is_err(),
+            gathered(&moved, &data).is_err(),
             "more than the syscall moved"
         );
     }

@@ -56,7 +56,7 @@ fn data(pid: u32, direction: Direction, ts: u64, payload: &[u8]) -> Event {
             Direction::Egress => IoCall::Write,
         },
         len: u32::try_from(payload.len()).expect("short"),
-        payload: payload.to_vec(),
+        payload: bytes::Bytes::copy_from_slice(payload),
         addrs: None,
         tcp: None,
     })

@@ -433,7 +433,7 @@ pub(crate) mod tests {
             direction,
             call,
             len: payload.len() as u32,
-            payload: payload.to_vec(),
+            payload: bytes::Bytes::copy_from_slice(payload),
             addrs: addrs(),
             tcp: None,
         })

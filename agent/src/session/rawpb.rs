@@ -250,7 +250,7 @@ impl From<&event::Event> for Event {
                 } as i32,
                 call: io_call(d.call) as i32,
                 len: d.len,
-                payload: d.payload.clone(),
+                payload: d.payload.to_vec(),
                 addrs: addrs(d.addrs),
                 tcp: d.tcp.map(|t| TcpSendState {
                     nodelay: t.nodelay,
@@ -350,7 +350,7 @@ impl TryFrom<Event> for event::Event {
                 },
                 call: from_io_call(d.call)?,
                 len: d.len,
-                payload: d.payload,
+                payload: d.payload.into(),
                 addrs: from_addrs(d.addrs)?,
                 tcp: d.tcp.map(|t| event::TcpSendState {
                     nodelay: t.nodelay,

@@ -222,7 +222,7 @@ mod tests {
             ingress: marks.first().map(|m| m.ts),
             marks,
             len,
-            payload: payload.to_vec(),
+            payload: bytes::Bytes::copy_from_slice(payload),
             conn: crate::event::ConnId::default(),
             tid: 1,
             comm: "".into(),

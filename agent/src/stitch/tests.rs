@@ -112,7 +112,7 @@ impl Sim {
             direction,
             call,
             len: u32::try_from(len).expect("test lengths fit"),
-            payload: payload.to_vec(),
+            payload: bytes::Bytes::copy_from_slice(payload),
             addrs: None,
             tcp: None,
         }));

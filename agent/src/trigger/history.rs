@@ -4,9 +4,14 @@
 //! Bounded twice: by age (`before`) and by an estimate of the heap it holds
 //! (`history_max_mib`); the oldest batches go first either way. The
 //! estimate is the mechanism's, not a guess: each event's enum size plus
-//! the heap its data event's payload and USDT strings own.
+//! the heap its data event's payload and USDT strings own. A data event's
+//! payload is copied out of the buffer its batch shared on the way in (see
+//! [`keep`]), so the ring holds exactly those bytes, not the batch buffers
+//! they came from.
 
 use std::collections::VecDeque;
+
+use bytes::Bytes;
 
 use crate::event::{Event, MonoNs};
 
@@ -14,7 +19,7 @@ use crate::event::{Event, MonoNs};
 pub fn event_bytes(event: &Event) -> usize {
     std::mem::size_of::<Event>()
         + match event {
-            Event::Data(d) => d.payload.capacity(),
+            Event::Data(d) => d.payload.len(),
             Event::Accept(c) | Event::Close(c) => c.comm.capacity(),
             Event::Exec(p) | Event::Exit(p) | Event::Fork(p) => {
                 p.comm.capacity() + p.filename.capacity()
@@ -28,6 +33,20 @@ pub fn event_bytes(event: &Event) -> usize {
             | Event::PeerClosed(_)
             | Event::TlsHandshake(_) => 0,
         }
+}
+
+/// A copy of `event` that owns its heap: a data event's payload off the
+/// ring buffer is a slice of its batch's shared buffer, and keeping the
+/// slice would keep the whole buffer for as long as the ring holds it.
+fn keep(event: &Event) -> Event {
+    match event {
+        Event::Data(d) => {
+            let mut d = d.clone();
+            d.payload = Bytes::copy_from_slice(&d.payload);
+            Event::Data(d)
+        }
+        other => other.clone(),
+    }
 }
 
 #[derive(Debug)]
@@ -80,7 +99,7 @@ impl History {
         self.batches.push_back(Batch {
             ts,
             bytes,
-            events: batch.to_vec(),
+            events: batch.iter().map(keep).collect(),
         });
         self.bytes += bytes;
         let from = now.saturating_sub(self.keep_ns);
@@ -119,7 +138,7 @@ impl History {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::event::{ConnEvent, ConnId};
+    use crate::event::{ConnEvent, ConnId, DataEvent, Direction, IoCall};
 
     fn close(ts: MonoNs) -> Event {
         Event::Close(ConnEvent {
@@ -159,5 +178,46 @@ mod tests {
         assert!(h.bytes() <= 3 * one);
         let s = h.snapshot();
         assert_eq!((s.batches.len(), s.from, s.evicted_early), (3, Some(3), 2));
+    }
+
+    /// A data event off the ring buffer: its payload a slice of `batch`.
+    fn write_from(batch: &Bytes, ts: MonoNs) -> Event {
+        Event::Data(DataEvent {
+            conn: ConnId {
+                pid: 1,
+                fd: 3,
+                sock_ino: 9,
+            },
+            tid: 1,
+            comm: "node".into(),
+            ts_enter: ts,
+            ts_exit: ts,
+            ingress: None,
+            marks: Vec::new(),
+            direction: Direction::Egress,
+            call: IoCall::Writev,
+            len: 4,
+            payload: batch.slice(0..4),
+            addrs: None,
+            tcp: None,
+        })
+    }
+
+    #[test]
+    fn a_kept_data_event_owns_its_bytes_not_its_batchs_buffer() {
+        let batch = Bytes::from(vec![7u8; 64 * 1024]);
+        let mut h = History::new(u64::MAX, usize::MAX);
+        h.push(&[write_from(&batch, 1)], 1);
+        let kept = h.snapshot();
+        let Some(Event::Data(d)) = kept.batches.first().and_then(|b| b.first()) else {
+            panic!("the data event was not kept: {kept:?}");
+        };
+        assert_eq!(&d.payload[..], &[7u8; 4]);
+        assert!(
+            !batch.as_ptr_range().contains(&d.payload.as_ptr()),
+            "the kept payload still points into the 64 KiB batch buffer"
+        );
+        // The bound counts the 4 bytes kept, as the heap holds them.
+        assert_eq!(h.bytes(), std::mem::size_of::<Event>() + 4);
     }
 }
