@@ -1054,9 +1054,10 @@ int BPF_PROG(on_tcp_probe, struct sock *sk, const struct sk_buff *skb)
 
 	if (!st)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
-	release_hold(st, sk, now);
-	note_ingress(st, sk, skb, now);
+	/* Each takes the time only if it has something to date: most
+	 * segments on a streaming server are ACKs releasing nothing. */
+	release_hold(st, sk);
+	note_ingress(st, sk, skb);
 	return 0;
 }
 

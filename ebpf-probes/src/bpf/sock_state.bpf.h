@@ -68,7 +68,10 @@ struct sock_state {
 	 * sequence number of the connection's first data byte). */
 	__u64 established_ns;
 	__u32 est_rcv_nxt;
-	__u32 _pad0;
+	/* Holds inserted in `send_holds` for this socket that tcp_probe has
+	 * not looked for yet (see note_unsent): the incoming segments of a
+	 * socket without one (nearly every ACK) skip that map. */
+	__u32 holds_new;
 	/* When the connection's first data byte reached the host (a TLS
 	 * connection's ClientHello). */
 	__u64 first_ingress_ns;
@@ -265,25 +268,35 @@ static __always_inline __u64 read_ingress(struct sock *sk, struct sock_state *st
 
 /* tcp_probe: an incoming segment with new bytes is remembered until they
  * are read (and after, while there is room; see below). */
-static __always_inline void note_ingress(struct sock_state *st, struct sock *sk, const struct sk_buff *skb,
-					 __u64 now)
+static __always_inline void note_ingress(struct sock_state *st, struct sock *sk, const struct sk_buff *skb)
 {
-	struct tcphdr th = {};
 	unsigned char *data = (unsigned char *)KREAD(struct sk_buff, skb, data);
 	__u32 skb_len = KREAD(struct sk_buff, skb, len);
+	__u32 hdr_len, seq;
 
-	if (bpf_probe_read_kernel(&th, sizeof(th), data))
-		return;
-	__u32 hdr_len = th.doff * 4;
-	if (skb_len <= hdr_len)
-		return; /* a pure ACK */
-	__u32 seq = bpf_ntohl(th.seq);
+	/* Plain loads where they exist: this runs for every incoming segment
+	 * of a traced socket, and nearly all of them are pure ACKs. */
+	if (direct_reads()) {
+		const struct tcphdr *t = bpf_core_cast(data, struct tcphdr);
+		hdr_len = BPF_CORE_READ_BITFIELD(t, doff) * 4;
+		seq = t->seq;
+	} else {
+		struct tcphdr th = {};
+		if (bpf_probe_read_kernel(&th, sizeof(th), data))
+			return;
+		hdr_len = th.doff * 4;
+		seq = th.seq;
+	}
+	if (hdr_len < sizeof(struct tcphdr) || skb_len <= hdr_len)
+		return; /* a pure ACK (or no header to read) */
+	seq = bpf_ntohl(seq);
 	__u32 end = seq + (skb_len - hdr_len);
 	__u32 rcv_nxt = KREAD(struct tcp_sock, sk, rcv_nxt);
 	__u32 copied = KREAD(struct tcp_sock, sk, copied_seq);
 
 	if (!seq_before(rcv_nxt, end))
 		return; /* nothing new: a retransmission of bytes already queued */
+	__u64 now = bpf_ktime_get_ns();
 	__u32 start = seq_before(rcv_nxt, seq) ? seq : rcv_nxt;
 
 	/* The slots stay in sequence order: segments already read, then the
@@ -346,6 +359,15 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
  * and deletes it. A replaced entry is whole too (the map swaps elements);
  * the one race left is a replacement between the release's copy and its
  * delete, which loses the new hold (a hold not reported, never a wrong one). */
+/* After a hold was inserted: the next incoming segment looks for it. A
+ * locked add on both sides (the only atomic every supported kernel has):
+ * tcp_probe subtracts what it saw before its lookup, so an insert it may
+ * have missed leaves the count above zero for the next segment. */
+static __always_inline void holds_noted(struct sock_state *st)
+{
+	__sync_fetch_and_add(&st->holds_new, 1);
+}
+
 static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, __u64 ts_enter,
 					struct tt_data_event *e)
 {
@@ -368,8 +390,10 @@ static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, 
 		.unsent = e->unsent_bytes,
 		.end_seq = write_seq,
 	};
-	if (!bpf_map_update_elem(&send_holds, &key, &h, BPF_NOEXIST))
+	if (!bpf_map_update_elem(&send_holds, &key, &h, BPF_NOEXIST)) {
+		holds_noted(st);
 		return;
+	}
 	/* A hold stands. Kept while its bytes wait (they wait longer than
 	 * ours); replaced when they already left with no segment coming in
 	 * (uncorked, pushed out by a full segment): else it would block every
@@ -377,6 +401,7 @@ static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, 
 	struct send_hold *old = bpf_map_lookup_elem(&send_holds, &key);
 	if (old && !seq_before(snd_nxt, old->end_seq))
 		bpf_map_update_elem(&send_holds, &key, &h, BPF_EXIST);
+	holds_noted(st);
 }
 
 /* tcp_probe: the incoming segment's ACK releases held bytes (the held
@@ -388,8 +413,13 @@ static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, 
  * segment, the writer uncorked, or the ACK that sent them came between the
  * writer's read of snd_nxt and its insert. It is dropped, not reported as
  * lasting until this segment. */
-static __always_inline void release_hold(struct sock_state *st, struct sock *sk, __u64 now)
+static __always_inline void release_hold(struct sock_state *st, struct sock *sk)
 {
+	__u32 seen = st->holds_new;
+
+	if (!seen)
+		return;
+	__sync_fetch_and_add(&st->holds_new, -seen);
 	__u64 key = (__u64)sk;
 	struct send_hold *held = bpf_map_lookup_elem(&send_holds, &key);
 
@@ -403,6 +433,7 @@ static __always_inline void release_hold(struct sock_state *st, struct sock *sk,
 	__u32 snd_nxt = KREAD(struct tcp_sock, sk, snd_nxt);
 	if (!seq_before(snd_nxt, h.end_seq))
 		return;
+	__u64 now = bpf_ktime_get_ns();
 	if (now - h.write_ts < hold_min_ns)
 		return;
 	struct tt_nagle_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
