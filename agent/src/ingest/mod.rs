@@ -192,7 +192,7 @@ fn run_thread(
     let batch = RefCell::new(Vec::new());
     // The payloads of the batch being read, one buffer for them all: an
     // allocation per record, freed on the stitching thread, cost more than
-    // the rest of decoding (glibc's malloc and free were ~18 % of the
+    // the rest of decoding (glibc's malloc and free were 12-18 % of the
     // agent under the node flood). Each batch gets its own buffer, so the
     // two threads never share one's reference count while both run.
     let payloads = RefCell::new(BytesMut::with_capacity(MIN_BATCH_PAYLOADS));

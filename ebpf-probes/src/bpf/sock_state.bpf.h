@@ -348,6 +348,15 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 		st->first_ingress_ns = now;
 }
 
+/* After a hold was inserted: the next incoming segment looks for it. A
+ * locked add on both sides (the only atomic every supported kernel has):
+ * tcp_probe subtracts what it saw before its lookup, so an insert it may
+ * have missed leaves the count above zero for the next segment. */
+static __always_inline void holds_noted(struct sock_state *st)
+{
+	__sync_fetch_and_add(&st->holds_new, 1);
+}
+
 /* Bytes left unsent by a write, until an incoming ACK releases them: the
  * time Nagle (or a full window) held a token back.
  *
@@ -359,15 +368,6 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
  * and deletes it. A replaced entry is whole too (the map swaps elements);
  * the one race left is a replacement between the release's copy and its
  * delete, which loses the new hold (a hold not reported, never a wrong one). */
-/* After a hold was inserted: the next incoming segment looks for it. A
- * locked add on both sides (the only atomic every supported kernel has):
- * tcp_probe subtracts what it saw before its lookup, so an insert it may
- * have missed leaves the count above zero for the next segment. */
-static __always_inline void holds_noted(struct sock_state *st)
-{
-	__sync_fetch_and_add(&st->holds_new, 1);
-}
-
 static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, __u64 ts_enter,
 					struct tt_data_event *e)
 {
