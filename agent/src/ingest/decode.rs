@@ -469,8 +469,6 @@ mod tests {
         assert_eq!(addrs.remote.to_string(), "127.0.0.2:51000");
     }
 
-    /// Read in place when aligned (as the ring's records are), copied out
-    /// when not: the same event either way.
     #[test]
     fn a_batchs_payloads_are_slices_of_one_buffer() {
         let mut payloads = BytesMut::with_capacity(4096);
@@ -486,6 +484,8 @@ mod tests {
         assert_eq!(decoded[0].as_ptr_range().end, decoded[1].as_ptr());
     }
 
+    /// Read in place when aligned (as the ring's records are), copied out
+    /// when not: the same event either way.
     #[test]
     fn a_misaligned_data_record_decodes_the_same() {
         let record = data_record(b"data: {}\n\n", 10);

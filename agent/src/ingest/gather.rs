@@ -6,6 +6,8 @@
 //! The payload is put back in order here, where it costs a copy the
 //! decoder makes anyway, instead of in the kernel.
 
+use std::ops::Range;
+
 use bytes::{Bytes, BytesMut};
 use tokentrace_probes::sock::types::tt_data_event;
 
@@ -37,12 +39,7 @@ pub(super) fn payload(
         ))
     })?;
     let mut total = rest.len();
-    for (piece, (&off, &len)) in raw.gather_off[..pieces]
-        .iter()
-        .zip(&raw.gather_len[..pieces])
-        .enumerate()
-    {
-        let range = usize::from(off)..usize::from(off) + usize::from(len);
+    for (piece, range) in ranges(raw, pieces).enumerate() {
         if range.end > data.len() {
             return Err(DecodeError::Gather(format!(
                 "piece {piece} at {range:?} lies past the {} captured bytes",
@@ -58,14 +55,19 @@ pub(super) fn payload(
         )));
     }
     out.reserve(total);
-    for (&off, &len) in raw.gather_off[..pieces]
-        .iter()
-        .zip(&raw.gather_len[..pieces])
-    {
-        out.extend_from_slice(&data[usize::from(off)..usize::from(off) + usize::from(len)]);
+    for range in ranges(raw, pieces) {
+        out.extend_from_slice(&data[range]);
     }
     out.extend_from_slice(rest);
     Ok(out.split().freeze())
+}
+
+/// Where the first `pieces` pieces lie in the captured bytes.
+fn ranges(raw: &tt_data_event, pieces: usize) -> impl Iterator<Item = Range<usize>> + '_ {
+    raw.gather_off[..pieces]
+        .iter()
+        .zip(&raw.gather_len[..pieces])
+        .map(|(&off, &len)| usize::from(off)..usize::from(off) + usize::from(len))
 }
 
 #[cfg(test)]

@@ -390,17 +390,16 @@ static __always_inline void note_unsent(struct sock_state *st, struct sock *sk, 
 		.unsent = e->unsent_bytes,
 		.end_seq = write_seq,
 	};
-	if (!bpf_map_update_elem(&send_holds, &key, &h, BPF_NOEXIST)) {
-		holds_noted(st);
-		return;
+	if (bpf_map_update_elem(&send_holds, &key, &h, BPF_NOEXIST)) {
+		/* A hold stands. Kept while its bytes wait (they wait longer
+		 * than ours); replaced when they already left with no segment
+		 * coming in (uncorked, pushed out by a full segment): else it
+		 * would block every later hold until the next segment, and the
+		 * one it blocks is real. */
+		struct send_hold *old = bpf_map_lookup_elem(&send_holds, &key);
+		if (old && !seq_before(snd_nxt, old->end_seq))
+			bpf_map_update_elem(&send_holds, &key, &h, BPF_EXIST);
 	}
-	/* A hold stands. Kept while its bytes wait (they wait longer than
-	 * ours); replaced when they already left with no segment coming in
-	 * (uncorked, pushed out by a full segment): else it would block every
-	 * later hold until the next segment, and the one it blocks is real. */
-	struct send_hold *old = bpf_map_lookup_elem(&send_holds, &key);
-	if (old && !seq_before(snd_nxt, old->end_seq))
-		bpf_map_update_elem(&send_holds, &key, &h, BPF_EXIST);
 	holds_noted(st);
 }
 
