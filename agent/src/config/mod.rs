@@ -79,6 +79,8 @@ impl Default for ExplainConfig {
 #[serde(deny_unknown_fields)]
 pub struct CaptureConfig {
     pub bytes: u32,
+    /// Unread bytes in the ring buffer that wake the agent; see
+    /// [`CaptureConfig::wakeup_threshold`] for what the kernel gets.
     pub wakeup_bytes: u64,
     pub ring_buffer_bytes: u32,
     #[serde(with = "humantime_serde")]
@@ -87,6 +89,19 @@ pub struct CaptureConfig {
     /// tracepoints where the kernel has them, else the syscall hooks;
     /// `socket`, `socket_at_return`, `syscall`).
     pub data_hooks: crate::probes::DataHooksSetting,
+}
+
+impl CaptureConfig {
+    /// `wakeup_bytes`, at most a quarter of the ring buffer: the kernel
+    /// wakes the agent each time the unread bytes pass a multiple of it, so
+    /// a threshold near the ring's size (a ring made smaller, the default
+    /// threshold kept) would wake it only once the ring is full, and every
+    /// record in between the polls would be dropped.
+    pub fn wakeup_threshold(&self) -> u64 {
+        self.wakeup_bytes
+            .min(u64::from(self.ring_buffer_bytes / 4))
+            .max(1)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -249,7 +264,22 @@ mod tests {
         assert_eq!(config.triggers.profile_hz, DEFAULT_PROFILE_HZ);
         assert_eq!(config.capture.bytes, 8192);
         assert!(config.endpoints.iter().any(|e| e == "/v1/chat/completions"));
-        assert_eq!(config.capture.poll_interval, Duration::from_millis(10));
+        assert_eq!(config.capture.poll_interval, Duration::from_millis(50));
+    }
+
+    #[test]
+    fn a_smaller_ring_lowers_the_wakeup_threshold_to_a_quarter_of_it() {
+        let parse = |text: &str| Config::parse(text, "test").expect("parses");
+        let default = parse("");
+        assert_eq!(
+            default.capture.wakeup_threshold(),
+            default.capture.wakeup_bytes,
+            "the default threshold fits the default ring"
+        );
+        let small_ring = parse("capture:\n  ring_buffer_bytes: 1048576\n");
+        assert_eq!(small_ring.capture.wakeup_threshold(), 262_144);
+        let low = parse("capture:\n  wakeup_bytes: 4096\n");
+        assert_eq!(low.capture.wakeup_threshold(), 4096);
     }
 
     #[test]
@@ -257,7 +287,7 @@ mod tests {
         let parse = |text: &str| Config::parse(text, "test");
         let partial = parse("capture:\n  bytes: 512\n").expect("partial config");
         assert_eq!(partial.capture.bytes, 512);
-        assert_eq!(partial.capture.poll_interval, Duration::from_millis(10));
+        assert_eq!(partial.capture.poll_interval, Duration::from_millis(50));
         assert_eq!(partial.stitch.max_connections, 65536);
         assert_eq!(parse("").expect("empty file"), Config::default());
         let endpoints = parse("endpoints: [/mine]\n").expect("a list");

@@ -168,7 +168,7 @@ fn start_ingest(
 ) -> Result<Ingest> {
     let settings = ProbeSettings {
         capture_bytes: config.capture.bytes,
-        wakeup_bytes: config.capture.wakeup_bytes,
+        wakeup_bytes: config.capture.wakeup_threshold(),
         ring_buffer_bytes: config.capture.ring_buffer_bytes,
         agent_pid: std::process::id(),
         min_interval_ns: nanos(config.explain.min_interval),
