@@ -234,6 +234,13 @@ struct offcpu_start {
 	__u32 in_cuda_sync;
 };
 
+/* A traced thread's last switch-out (ts 0: consumed by its switch-in).
+ * Each thread's entry stays and is rewritten in place: an LRU update (a
+ * new node swapped in under the map's locks) at every switch-out and a
+ * delete at every switch-in cost more than the rest of the program. Only
+ * the thread's own switches touch its entry, and the scheduler orders
+ * them (a task runs on a CPU only after its switch-out elsewhere ended),
+ * so the plain writes never race. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -275,16 +282,20 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			.state = preempt ? 0 : prev_state,
 			.in_cuda_sync = bpf_map_lookup_elem(&cuda_calls, &pid_tgid) != NULL,
 		};
-		bpf_map_update_elem(&offcpu_starts, &tid, &start, BPF_ANY);
+		struct offcpu_start *slot = bpf_map_lookup_elem(&offcpu_starts, &tid);
+		if (slot)
+			*slot = start;
+		else
+			bpf_map_update_elem(&offcpu_starts, &tid, &start, BPF_ANY);
 	}
 	if (!next_traced)
 		return 0;
 	__u32 next_tid = next->pid;
 	struct offcpu_start *start = bpf_map_lookup_elem(&offcpu_starts, &next_tid);
-	if (!start)
+	if (!start || !start->ts)
 		return 0;
 	struct offcpu_start s = *start;
-	bpf_map_delete_elem(&offcpu_starts, &next_tid);
+	start->ts = 0;
 	if (now - s.ts < offcpu_min_ns)
 		return 0;
 	struct tt_offcpu_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
