@@ -227,11 +227,14 @@ int BPF_URETPROBE(cuda_sync_exit)
 
 /* ---- off-CPU -------------------------------------------------------------- */
 
+/* What only the switch-out knows. The syscall the thread sleeps in and
+ * whether it sleeps in a CUDA sync are read at its switch-in, and only for
+ * an interval that is reported: a thread off CPU has not moved, so its
+ * saved registers and its cuda_calls entry are what they were. */
 struct offcpu_start {
 	__u64 ts;
-	__s64 syscall;
 	__u32 state;
-	__u32 in_cuda_sync;
+	__u32 preempted;
 };
 
 /* A traced thread's last switch-out (ts 0: consumed by its switch-in).
@@ -275,12 +278,10 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 
 	if (prev_traced) {
 		__u32 tid = prev->pid;
-		__u64 pid_tgid = ((__u64)prev_tgid << 32) | tid;
 		struct offcpu_start start = {
 			.ts = now,
-			.syscall = preempt ? -1 : current_syscall(prev),
 			.state = preempt ? 0 : prev_state,
-			.in_cuda_sync = bpf_map_lookup_elem(&cuda_calls, &pid_tgid) != NULL,
+			.preempted = preempt,
 		};
 		struct offcpu_start *slot = bpf_map_lookup_elem(&offcpu_starts, &tid);
 		if (slot)
@@ -312,9 +313,10 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->hdr.ts_ns = now;
 	__builtin_memset(e->hdr.comm, 0, sizeof(e->hdr.comm));
 	e->start_ns = s.ts;
-	e->syscall = s.syscall;
+	e->syscall = s.preempted ? -1 : current_syscall(next);
 	e->state = s.state;
-	e->in_cuda_sync = s.in_cuda_sync;
+	__u64 next_pid_tgid = ((__u64)next_tgid << 32) | next_tid;
+	e->in_cuda_sync = bpf_map_lookup_elem(&cuda_calls, &next_pid_tgid) != NULL;
 	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }
