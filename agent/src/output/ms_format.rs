@@ -68,11 +68,13 @@ fn write_ms<W: ?Sized + io::Write>(writer: &mut W, micros: u64) -> io::Result<()
         b'0' + (frac / 10 % 10) as u8,
         b'0' + (frac % 10) as u8,
     ];
-    let keep = match frac {
-        0 => 2, // ".0"
-        _ if frac.is_multiple_of(100) => 2,
-        _ if frac.is_multiple_of(10) => 3,
-        _ => 4,
+    // ".0" for a whole number (0 is a multiple of 100), else no trailing 0
+    let keep = if frac.is_multiple_of(100) {
+        2
+    } else if frac.is_multiple_of(10) {
+        3
+    } else {
+        4
     };
     text[len..len + keep].copy_from_slice(&digits[..keep]);
     len += keep;
