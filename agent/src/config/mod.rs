@@ -98,9 +98,7 @@ impl CaptureConfig {
     /// threshold kept) would wake it only once the ring is full, and every
     /// record in between the polls would be dropped.
     pub fn wakeup_threshold(&self) -> u64 {
-        self.wakeup_bytes
-            .min(u64::from(self.ring_buffer_bytes / 4))
-            .max(1)
+        self.wakeup_bytes.min(u64::from(self.ring_buffer_bytes / 4))
     }
 }
 

@@ -240,7 +240,8 @@ struct offcpu_start {
 /* A traced thread's last switch-out (ts 0: consumed by its switch-in).
  * Each thread's entry stays and is rewritten in place: an LRU update (a
  * new node swapped in under the map's locks) at every switch-out and a
- * delete at every switch-in cost more than the rest of the program. Only
+ * delete at every switch-in were ~300 of a traced switch's ~820 ns
+ * (bpf_stats, a traced pingpong). Only
  * the thread's own switches touch its entry, and the scheduler orders
  * them (a task runs on a CPU only after its switch-out elsewhere ended),
  * so the plain writes never race. */
