@@ -8,6 +8,7 @@
 mod decode;
 mod deliver;
 mod gather;
+mod in_flight;
 mod wakeup;
 
 use std::cell::{Cell, RefCell};
@@ -22,7 +23,9 @@ use tokio::sync::mpsc;
 
 use decode::decode_into;
 pub use decode::{decode, DecodeError};
-use deliver::{deliver, Delivery};
+pub use deliver::Batch;
+use deliver::{deliver, Delivery, Outlet};
+use in_flight::InFlight;
 
 use crate::event::Event;
 use crate::probes::{
@@ -34,6 +37,19 @@ use crate::probes::{
 /// one still gets its few records' payloads in one allocation.
 const MIN_BATCH_PAYLOADS: usize = 4096;
 
+/// The least heap that decoded batches may hold on their way to stitching
+/// (see [`in_flight_limit`]).
+const MIN_IN_FLIGHT_BYTES: usize = 4 << 20;
+
+/// The heap decoded batches may hold on their way to stitching: a quarter
+/// of the ring buffer (4 MiB by default), room for a few wake-ups' batches
+/// (the kernel wakes the thread at a quarter of the ring at most), so that
+/// the ingest thread never waits while stitching keeps up. When stitching
+/// stalls, records wait in the ring instead, whose memory is fixed.
+fn in_flight_limit(ring_buffer_bytes: u32) -> usize {
+    (ring_buffer_bytes as usize / 4).max(MIN_IN_FLIGHT_BYTES)
+}
+
 /// Counters of the userspace half of ingestion.
 #[derive(Debug, Default)]
 pub struct IngestStats {
@@ -42,7 +58,8 @@ pub struct IngestStats {
     /// Events dropped at the channel: only once stitching is gone (the
     /// agent stopping); a full channel makes the ingest thread wait.
     pub channel_drops: AtomicU64,
-    /// Batches that found the channel full and waited for stitching
+    /// Batches that found the channel or the bytes in flight full and
+    /// waited for stitching
     /// (backpressure; the ring buffer holds what arrives meanwhile).
     pub channel_waits: AtomicU64,
 }
@@ -70,7 +87,7 @@ impl Ingest {
     pub fn start(
         settings: ProbeSettings,
         poll_interval: Duration,
-        events: mpsc::Sender<Vec<Event>>,
+        events: mpsc::Sender<Batch>,
     ) -> Result<Self> {
         let stats = Arc::new(IngestStats::default());
         let stop = Arc::new(AtomicBool::new(false));
@@ -164,7 +181,7 @@ type Ready = Result<(
 
 /// The ingest thread's ends of its channels.
 struct Channels<'a> {
-    events: &'a mpsc::Sender<Vec<Event>>,
+    events: &'a mpsc::Sender<Batch>,
     commands: &'a std_mpsc::Receiver<ProbeCommand>,
     ready: &'a std_mpsc::Sender<Ready>,
 }
@@ -197,6 +214,14 @@ fn run_thread(
     // two threads never share one's reference count while both run.
     let payloads = RefCell::new(BytesMut::with_capacity(MIN_BATCH_PAYLOADS));
     let payload_bytes = Cell::new(0usize);
+    let payload_capacity = Cell::new(MIN_BATCH_PAYLOADS);
+    let in_flight = InFlight::new(in_flight_limit(settings.ring_buffer_bytes));
+    let outlet = Outlet {
+        events,
+        in_flight: &in_flight,
+        waits: &stats.channel_waits,
+        dropped: &stats.channel_drops,
+    };
     let ring = probes.ring_buffer(|record| {
         match decode_into(record, &mut payloads.borrow_mut()) {
             Ok(event) => {
@@ -272,15 +297,14 @@ fn run_thread(
         };
         if !ready_events.is_empty() {
             // The next batch's payloads start in a buffer of this one's size.
-            let used = payload_bytes.replace(0).max(MIN_BATCH_PAYLOADS);
-            *payloads.borrow_mut() = BytesMut::with_capacity(used);
-            let delivered = deliver(
-                events,
-                ready_events,
-                &stats.channel_waits,
-                &stats.channel_drops,
-            );
-            if delivered == Delivery::Closed {
+            let used = payload_bytes.replace(0);
+            let next = used.max(MIN_BATCH_PAYLOADS);
+            *payloads.borrow_mut() = BytesMut::with_capacity(next);
+            // The batch's heap: its events and its payloads' buffer (process
+            // and file names are a few dozen bytes, on lifecycle records only).
+            let buffer = payload_capacity.replace(next).max(used);
+            let bytes = ready_events.capacity() * std::mem::size_of::<Event>() + buffer;
+            if deliver(&outlet, ready_events, bytes) == Delivery::Closed {
                 break;
             }
         }

@@ -26,8 +26,7 @@ use crate::cli::RunArgs;
 use crate::config::Config;
 use crate::discover::libraries::{ProbedFiles, UprobeScope};
 use crate::discover::{EndpointMatcher, Selector, Tracker};
-use crate::event::Event;
-use crate::ingest::Ingest;
+use crate::ingest::{Batch, Ingest};
 use crate::live::LiveFeed;
 use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
@@ -48,7 +47,8 @@ use sink::{Printer, Stages, Stop};
 const PROC: &str = "/proc";
 /// How often idle connections are swept.
 const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
-/// Batches of events buffered between the ingest thread and stitching.
+/// Batches of events buffered between the ingest thread and stitching (the
+/// heap they hold is bounded apart: see `ingest::in_flight`).
 const EVENT_CHANNEL_BATCHES: usize = 1024;
 /// How long attaching the uprobes of the processes found at start may take.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
@@ -164,7 +164,7 @@ fn start_ingest(
     config: &Config,
     selector: &Selector,
     uprobe_mode: UprobeMode,
-    events_tx: mpsc::Sender<Vec<Event>>,
+    events_tx: mpsc::Sender<Batch>,
 ) -> Result<Ingest> {
     let settings = ProbeSettings {
         capture_bytes: config.capture.bytes,
@@ -256,7 +256,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
     ensure_tracefs()?;
     route_libbpf_logs();
 
-    let (events_tx, mut events_rx) = mpsc::channel::<Vec<Event>>(EVENT_CHANNEL_BATCHES);
+    let (events_tx, mut events_rx) = mpsc::channel::<Batch>(EVENT_CHANNEL_BATCHES);
     let mut tracker = Tracker::new(
         selector.clone(),
         EndpointMatcher::new(&config.endpoints),
@@ -348,7 +348,7 @@ pub async fn run_with(args: RunArgs, mut hooks: RunHooks) -> Result<RunSummary> 
 /// by `block_on`, never spawned.
 async fn event_loop(
     stages: &mut Stages<'_>,
-    events_rx: &mut mpsc::Receiver<Vec<Event>>,
+    events_rx: &mut mpsc::Receiver<Batch>,
     duration: Option<Duration>,
     mut stop_rx: Option<tokio::sync::oneshot::Receiver<()>>,
     idle_ns: u64,
@@ -400,7 +400,7 @@ async fn event_loop(
 /// still in flight reported, marked as cut by the agent. Received until the
 /// thread ends and the channel closes: the thread waits on a full channel
 /// (backpressure) rather than drop.
-async fn drain(stages: &mut Stages<'_>, events_rx: &mut mpsc::Receiver<Vec<Event>>) {
+async fn drain(stages: &mut Stages<'_>, events_rx: &mut mpsc::Receiver<Batch>) {
     stages.probed.ingest.request_stop();
     while let Some(batch) = events_rx.recv().await {
         if stages.on_batch(&batch).is_some() {

@@ -482,13 +482,7 @@ pub fn start_agent_command(command: &[String], args: &[String], env: &[(&str, &s
     let mut cmd = Command::new(program);
     cmd.args(before);
     let bin = program;
-    // the CLI reads TOKENTRACE_* overrides: only the log level may leak in
-    for (k, _) in std::env::vars_os() {
-        let key = k.to_string_lossy();
-        if (key.starts_with("TOKENTRACE_") && key != "TOKENTRACE_LOG") || key.starts_with("OTEL_") {
-            cmd.env_remove(&k);
-        }
-    }
+    scrub_agent_env(&mut cmd);
     cmd.envs(env.iter().copied()).args(&full);
     let mut child =
         spawn_piped(&mut cmd, Stdio::null()).unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
@@ -575,6 +569,18 @@ pub fn start_agent_command(command: &[String], args: &[String], env: &[(&str, &s
         client_lines: Vec::new(),
         non_json,
         ready_after,
+    }
+}
+
+/// Removes the inherited `TOKENTRACE_*` (but the log level) and `OTEL_*`
+/// variables from an agent's command: the CLI reads them as overrides, and a
+/// developer's or CI's environment must not change what a test runs.
+pub fn scrub_agent_env(cmd: &mut Command) {
+    for (k, _) in std::env::vars_os() {
+        let key = k.to_string_lossy();
+        if (key.starts_with("TOKENTRACE_") && key != "TOKENTRACE_LOG") || key.starts_with("OTEL_") {
+            cmd.env_remove(&k);
+        }
     }
 }
 
