@@ -926,3 +926,96 @@ fn root_control_endpoint_refuses_an_unprivileged_user() {
     assert!(stop.is_some_and(|s| s.success()), "daemon exit {stop:?}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A thread's last switch-out is its death; its off-CPU start must not be
+/// kept for it. tests/servers/tid_reuse.py lets a thread die, waits 300 ms
+/// and has the kernel hand its id to a new thread of the same process
+/// (`ns_last_pid`, root). A start kept from the death made the new
+/// thread's first switch-in an off-CPU interval from the old thread's
+/// death (~300 ms, before the new thread existed), in the recorded trace
+/// and to the explainer.
+#[test]
+fn root_a_thread_id_reused_after_its_owner_died_inherits_no_off_cpu_time() {
+    require_root("root_a_thread_id_reused_after_its_owner_died_inherits_no_off_cpu_time");
+    let mut target = Running::spawn(
+        "tid_reuse.py",
+        Command::new(python())
+            .arg("tests/servers/tid_reuse.py")
+            .current_dir(repo_root()),
+    );
+    target.wait_line("READY", Duration::from_secs(30));
+    let out = fresh_dir("tid-reuse");
+    let pid = target.child.id().to_string();
+    let out_arg = out.display().to_string();
+    let mut record = Running::spawn(
+        "tokentrace record",
+        &mut tokentrace(&[
+            "record",
+            "--pid",
+            &pid,
+            "--duration",
+            "120s",
+            "--out",
+            &out_arg,
+        ]),
+    );
+    record.wait_line("tokentrace: ready", Duration::from_secs(60));
+    target.signal(libc::SIGUSR1);
+    let line = target.wait_for(
+        "its JSON line",
+        |l| l.starts_with('{'),
+        Duration::from_secs(60),
+    );
+    let reuse: Value = serde_json::from_str(&line).expect("tid_reuse.py's JSON line");
+    eprintln!("[test] tid_reuse.py: {reuse}");
+    let (Some(tid), Some(created)) = (reuse["tid"].as_u64(), reuse["created_ns"].as_u64()) else {
+        panic!("no thread id was reused: {reuse}");
+    };
+    // the records of the last switches reach the session (50 ms polls)
+    thread::sleep(Duration::from_millis(500));
+    record.signal(libc::SIGINT);
+    let status = record.wait_exit(Duration::from_secs(60));
+    assert!(status.success(), "record exited with {status}");
+
+    let trace: Value = serde_json::from_str(&read(&out.join("trace.json"))).expect("trace.json");
+    let base = trace["otherData"]["session_start_monotonic_ns"]
+        .as_u64()
+        .expect("session_start_monotonic_ns");
+    let pid: u64 = pid.parse().expect("pid");
+    let off_cpu: Vec<(u64, u64)> = trace["traceEvents"]
+        .as_array()
+        .expect("traceEvents")
+        .iter()
+        .filter(|e| e["cat"] == "off_cpu" && e["pid"] == pid && e["tid"] == tid)
+        .map(|e| {
+            let at = |us: &Value| (us.as_f64().expect("a time in µs") * 1_000.0) as u64;
+            let start = base + at(&e["ts"]);
+            (start, start + at(&e["dur"]))
+        })
+        .collect();
+    eprintln!(
+        "[test] off-CPU slices of tid {tid} (ms from the new thread's creation): {:?}",
+        off_cpu
+            .iter()
+            .map(|&(s, e)| (
+                (s as f64 - created as f64) / 1e6,
+                (e as f64 - created as f64) / 1e6
+            ))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        off_cpu.iter().any(|&(_, end)| end < created),
+        "the dead thread's 20 ms sleep was not recorded: the session saw no off-CPU time on \
+         tid {tid}, so this test would show nothing"
+    );
+    // The new thread starts after `created`; the old one slept before it.
+    let straddling: Vec<_> = off_cpu
+        .iter()
+        .filter(|&&(start, end)| start < created && end > created)
+        .collect();
+    assert!(
+        straddling.is_empty(),
+        "tid {tid}'s new thread was reported off CPU from before it existed (the old thread's \
+         death): {straddling:?}, created at {created}"
+    );
+}

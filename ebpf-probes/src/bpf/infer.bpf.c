@@ -237,6 +237,10 @@ struct offcpu_start {
 	__u32 preempted;
 };
 
+/* TASK_DEAD (include/linux/sched.h): the state of a thread's switch-out
+ * after do_exit(). */
+#define TT_TASK_DEAD 0x80
+
 /* A traced thread's last switch-out (ts 0: consumed by its switch-in).
  * Each thread's entry stays and is rewritten in place: an LRU update (a
  * new node swapped in under the map's locks) at every switch-out and a
@@ -277,7 +281,12 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
 
-	if (prev_traced) {
+	if (prev_traced && !preempt && (prev_state & TT_TASK_DEAD)) {
+		/* Its last switch-out: the thread is gone, and a new thread the
+		 * kernel gives its id must not find a start from its death. */
+		__u32 tid = prev->pid;
+		bpf_map_delete_elem(&offcpu_starts, &tid);
+	} else if (prev_traced) {
 		__u32 tid = prev->pid;
 		struct offcpu_start start = {
 			.ts = now,
