@@ -1,7 +1,9 @@
 //! Root-only end-to-end tests of recording sessions: `tokentrace record`
 //! against a real streaming server under load, `tokentrace replay` of its
-//! raw.pb, the HTML report in headless Chromium, and `record --remote`
-//! against a running daemon (`tokentrace run` with its control endpoint).
+//! raw.pb, the HTML report in headless Chromium, `record --remote`
+//! against a running daemon (`tokentrace run` with its control endpoint),
+//! and the off-CPU slices of a thread id the kernel handed on after its
+//! first owner died.
 //!
 //! Run (as root; CI does):
 //!   cargo test -p tokentrace --test session_record -- --test-threads=1 --nocapture
