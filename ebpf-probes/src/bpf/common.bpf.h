@@ -95,7 +95,8 @@ static __always_inline int set_traced(__u32 tgid, __u8 on)
  * staging slot (`scratch`). Programs that stage a record there, or whose
  * stack is that deep, disable preemption first thing (weak kfuncs, 6.10+;
  * older kernels run every program here non-preemptible, and the calls are
- * dead code there). */
+ * dead code there). The socket-layer tracepoints' programs do it only to
+ * stage (see hook_io_done): the kernel calls them non-preemptible. */
 extern void bpf_preempt_disable(void) __weak __ksym;
 extern void bpf_preempt_enable(void) __weak __ksym;
 
