@@ -48,7 +48,11 @@
 //!
 //! `--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel|top` runs those sections (a
 //! comma list: `--only sse,kernel`); `--agent PATH` benches that agent
-//! binary instead of building this tree's. Results go to target/bench/.
+//! binary instead of building this tree's; `--baseline-agent PATH` also
+//! runs the node flood (kernel section) with another agent binary in the
+//! same rounds, alternating, and compares the two (this VM's load moves
+//! more between bench runs than most changes do). Results go to
+//! target/bench/.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
@@ -79,13 +83,15 @@ const FLOOD: &str = "tests/bench/sse_flood.py";
 
 const USAGE: &str = "usage: cargo xtask bench [--rounds N] [--seconds S] [--connections C] \
                      [--launch-seconds S] [--only sse|cuda|tls|untraced|grpc|hops|vllm|kernel|top[,...]] [--agent PATH] \
-                     [--data-hooks auto|socket|socket_at_return|syscall] \
+                     [--baseline-agent PATH] [--data-hooks auto|socket|socket_at_return|syscall] \
                      | cargo xtask bench replay [...]";
 
 #[derive(Clone)]
 struct Options {
     /// The agent binary to bench (default: this tree's, built in release).
     agent: Option<std::path::PathBuf>,
+    /// Another agent binary the node flood also runs, round by round.
+    baseline_agent: Option<std::path::PathBuf>,
     rounds: u32,
     seconds: f64,
     connections: u32,
@@ -105,6 +111,7 @@ struct Options {
 fn parse(args: &[String]) -> Result<Options> {
     let mut opts = Options {
         agent: None,
+        baseline_agent: None,
         rounds: 4,
         seconds: 3.0,
         connections: 2,
@@ -126,6 +133,7 @@ fn parse(args: &[String]) -> Result<Options> {
             "--connections" => opts.connections = value.parse()?,
             "--launch-seconds" => opts.launch_seconds = value.parse()?,
             "--agent" => opts.agent = Some(value.into()),
+            "--baseline-agent" => opts.baseline_agent = Some(value.into()),
             "--data-hooks" => {
                 if !["auto", "socket", "socket_at_return", "syscall"].contains(&value) {
                     bail!(

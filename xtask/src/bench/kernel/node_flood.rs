@@ -69,6 +69,71 @@ fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Resul
     })
 }
 
+/// An agent's rounds of the flood: per round, the server's µs per chunk
+/// untraced and traced, the agent's, and their ratio.
+#[derive(Default)]
+struct AgentRounds {
+    base: Vec<f64>,
+    traced: Vec<f64>,
+    agent_us: Vec<f64>,
+    ratio: Vec<f64>,
+    peak_rss: u64,
+}
+
+impl AgentRounds {
+    /// Traces one round with `agent_bin` (its untraced twin was `b`);
+    /// returns its line, `label` first.
+    fn round(
+        &mut self,
+        agent_bin: &Path,
+        flood: (u16, u32, u32),
+        b: &FloodRound,
+        label: &str,
+    ) -> Result<String> {
+        let (port, requests, server_pid) = flood;
+        let agent = TracingAgent::start(agent_bin, server_pid)?;
+        let t = round(port, requests, server_pid, Some(agent.pid))?;
+        self.peak_rss = self.peak_rss.max(peak_rss_kib(agent.pid)?);
+        agent.stop()?;
+        let (sb, st, ag) = b.per_chunk(&t);
+        self.base.push(sb);
+        self.traced.push(st);
+        self.agent_us.push(ag);
+        self.ratio.push((st + ag) / sb);
+        Ok(format!(
+            "{label}: server {sb:.2} µs/chunk untraced, {st:.2} traced; agent {ag:.2} µs/chunk; CPU per chunk ratio {:.3}\n",
+            (st + ag) / sb
+        ))
+    }
+
+    /// Medians: (ratio, agent µs, server untraced, server traced).
+    fn medians(&self) -> (f64, f64, f64, f64) {
+        let m = |v: &Vec<f64>| median(&mut v.clone());
+        (
+            m(&self.ratio),
+            m(&self.agent_us),
+            m(&self.base),
+            m(&self.traced),
+        )
+    }
+}
+
+/// BPF time per chunk over one round with `agent_bin` (bpf_stats on).
+fn bpf_us_per_chunk(agent_bin: &Path, flood: (u16, u32, u32)) -> Result<f64> {
+    let (port, requests, server_pid) = flood;
+    let _stats = BpfStats::enable()?;
+    let agent = TracingAgent::start(agent_bin, server_pid)?;
+    let before = prog_stats(agent.pid)?;
+    let t = round(port, requests, server_pid, Some(agent.pid))?;
+    let after = prog_stats(agent.pid)?;
+    agent.stop()?;
+    let ns: f64 = stats_delta(&before, &after)
+        .iter()
+        .map(|(_, ns, runs)| ns * *runs as f64)
+        .sum();
+    Ok(ns / 1e3 / t.chunks.max(1.0))
+}
+
 /// Appends the node flood's lines to `out`.
 pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
     if Command::new("node").arg("--version").output().is_err() {
@@ -83,30 +148,34 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
     // Warm-up (node's JIT), and the request count that fills a round.
     let (chunks, seconds) = client(port, 400)?;
     let requests = ((chunks / seconds * opts.seconds) / f64::from(TOKENS + 2)).max(100.0) as u32;
+    let flood = (port, requests, server_pid);
 
-    let (mut ratio, mut base, mut traced, mut agent_us) =
-        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-    let mut peak_rss = 0;
+    let mut this = AgentRounds::default();
+    let mut baseline = opts
+        .baseline_agent
+        .as_ref()
+        .map(|bin| (bin, AgentRounds::default()));
     let with_bpftrace = bpftrace::available();
     // Per one-liner: (server traced, bpftrace, ratio) µs per chunk, by round.
     let mut one_liners: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); ONE_LINERS.len()];
     for n in 0..opts.rounds {
         let b = round(port, requests, server_pid, None)?;
-        let agent = TracingAgent::start(agent_bin, server_pid)?;
-        let t = round(port, requests, server_pid, Some(agent.pid))?;
-        peak_rss = peak_rss.max(peak_rss_kib(agent.pid)?);
-        agent.stop()?;
-        let (sb, st, ag) = b.per_chunk(&t);
-        let line = format!(
-            "node flood round {n}: server {sb:.2} µs/chunk untraced, {st:.2} traced; agent {ag:.2} µs/chunk; CPU per chunk ratio {:.3}\n",
-            (st + ag) / sb
-        );
-        eprint!("{line}");
-        out.push_str(&line);
-        ratio.push((st + ag) / sb);
-        base.push(sb);
-        traced.push(st);
-        agent_us.push(ag);
+        let label = format!("node flood round {n}");
+        // The two agents take turns going first: drift in the host's load
+        // within a round favours neither.
+        let baseline_first = n % 2 == 1;
+        let mut lines = Vec::new();
+        if let Some((bin, rounds)) = baseline.as_mut().filter(|_| baseline_first) {
+            lines.push(rounds.round(bin, flood, &b, &format!("{label}, baseline agent"))?);
+        }
+        lines.push(this.round(agent_bin, flood, &b, &label)?);
+        if let Some((bin, rounds)) = baseline.as_mut().filter(|_| !baseline_first) {
+            lines.push(rounds.round(bin, flood, &b, &format!("{label}, baseline agent"))?);
+        }
+        for line in lines {
+            eprint!("{line}");
+            out.push_str(&line);
+        }
         if !with_bpftrace {
             continue;
         }
@@ -114,7 +183,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
             let one_liner = OneLiner::attach(program, server_pid)?;
             let t = round(port, requests, server_pid, Some(one_liner.pid))?;
             drop(one_liner);
-            let (_, st, bt) = b.per_chunk(&t);
+            let (sb, st, bt) = b.per_chunk(&t);
             let line = format!(
                 "node flood round {n}, bpftrace {name}: server {st:.2} µs/chunk traced; bpftrace {bt:.2} µs/chunk; CPU per chunk ratio {:.3}\n",
                 (st + bt) / sb
@@ -124,27 +193,22 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
             rounds.push((st, bt, (st + bt) / sb));
         }
     }
-    let bpf_us = {
-        let _stats = BpfStats::enable()?;
-        let agent = TracingAgent::start(agent_bin, server_pid)?;
-        let before = prog_stats(agent.pid)?;
-        let t = round(port, requests, server_pid, Some(agent.pid))?;
-        let after = prog_stats(agent.pid)?;
-        agent.stop()?;
-        let ns: f64 = stats_delta(&before, &after)
-            .iter()
-            .map(|(_, ns, runs)| ns * *runs as f64)
-            .sum();
-        ns / 1e3 / t.chunks.max(1.0)
-    };
-    let (sb, st) = (median(&mut base), median(&mut traced));
+    let bpf_us = bpf_us_per_chunk(agent_bin, flood)?;
+    let (ratio, agent_us, sb, st) = this.medians();
     let agent_added = st - sb;
     out.push_str(&format!(
-        "node flood (issue 25's workload: node http, one writev per chunk, {CONNECTIONS} keep-alive connections, {requests} requests x {TOKENS} tokens per round, {} rounds): flood CPU per chunk ratio {:.3} (median; (server + agent) traced / server untraced; goal <= 1.05); agent {:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {agent_added:+.2} µs per chunk added; BPF time {bpf_us:.2} µs per chunk (bpf_stats round); agent peak RSS {peak_rss} KiB (VmHWM, attach included)\n",
-        opts.rounds,
-        median(&mut ratio),
-        median(&mut agent_us),
+        "node flood (issue 25's workload: node http, one writev per chunk, {CONNECTIONS} keep-alive connections, {requests} requests x {TOKENS} tokens per round, {} rounds): flood CPU per chunk ratio {ratio:.3} (median; (server + agent) traced / server untraced; goal <= 1.05); agent {agent_us:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {agent_added:+.2} µs per chunk added; BPF time {bpf_us:.2} µs per chunk (bpf_stats round); agent peak RSS {} KiB (VmHWM, attach included)\n",
+        opts.rounds, this.peak_rss,
     ));
+    if let Some((bin, rounds)) = &baseline {
+        out.push_str(&compare(
+            bin,
+            rounds,
+            &this,
+            bpf_us_per_chunk(bin, flood)?,
+            bpf_us,
+        ));
+    }
     if !with_bpftrace {
         out.push_str("node flood, bpftrace one-liners: skipped: no `bpftrace` on PATH (apt install bpftrace)\n");
     }
@@ -163,4 +227,33 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
     }
     drop(server);
     Ok(())
+}
+
+/// The baseline agent's figures, and this agent's against them paired by
+/// round (the two traced the same rounds, one after the other).
+fn compare(
+    bin: &Path,
+    baseline: &AgentRounds,
+    this: &AgentRounds,
+    baseline_bpf_us: f64,
+    bpf_us: f64,
+) -> String {
+    let (ratio, agent_us, sb, st) = baseline.medians();
+    let paired = |new: &[f64], old: &[f64]| {
+        let mut r: Vec<f64> = new.iter().zip(old).map(|(n, o)| n / o).collect();
+        let (lo, hi) = r
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        format!("{:.3}x (median; rounds {lo:.3}-{hi:.3})", median(&mut r))
+    };
+    format!(
+        "node flood, baseline agent ({}): flood CPU per chunk ratio {ratio:.3} (median); agent {agent_us:.2} µs per chunk; server {sb:.2} µs per chunk untraced, {st:.2} traced: {:+.2} µs per chunk added; BPF time {baseline_bpf_us:.2} µs per chunk (bpf_stats round); agent peak RSS {} KiB\n\
+         node flood, this agent against the baseline, round by round: agent µs per chunk {}; server traced µs per chunk {}; BPF time per chunk {:.3}x (one round each)\n",
+        bin.display(),
+        st - sb,
+        baseline.peak_rss,
+        paired(&this.agent_us, &baseline.agent_us),
+        paired(&this.traced, &baseline.traced),
+        bpf_us / baseline_bpf_us,
+    )
 }
