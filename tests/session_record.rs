@@ -239,6 +239,17 @@ fn tokentrace(args: &[&str]) -> Command {
     cmd
 }
 
+/// `tokentrace record --pid PID --duration 120s --out OUT EXTRA…`, once it
+/// is ready (Ctrl-C ends it early; it writes its artifacts then).
+fn start_record(pid: u32, out: &Path, extra: &[&str]) -> Running {
+    let (pid, out) = (pid.to_string(), out.display().to_string());
+    let mut args = vec!["record", "--pid", &pid, "--duration", "120s", "--out", &out];
+    args.extend_from_slice(extra);
+    let mut record = Running::spawn("tokentrace record", &mut tokentrace(&args));
+    record.wait_line("tokentrace: ready", Duration::from_secs(60));
+    record
+}
+
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
 }
@@ -523,24 +534,7 @@ fn root_record_session_under_load_then_replay_and_render() {
     let lib = build_hot_lib();
     let (server, port) = start_hot_server(&lib);
     let out = fresh_dir("record");
-    let server_pid = server.child.id().to_string();
-    let out_arg = out.display().to_string();
-    let mut record = Running::spawn(
-        "tokentrace record",
-        &mut tokentrace(&[
-            "record",
-            "--pid",
-            &server_pid,
-            "--duration",
-            "120s",
-            "--out",
-            &out_arg,
-            "--raw",
-            "--profile-hz",
-            "199",
-        ]),
-    );
-    record.wait_line("tokentrace: ready", Duration::from_secs(60));
+    let mut record = start_record(server.child.id(), &out, &["--raw", "--profile-hz", "199"]);
     // Nothing for a while first: the report must open on the requests, not
     // on the session's empty start.
     let idle = Duration::from_secs(3);
@@ -947,21 +941,7 @@ fn root_a_thread_id_reused_after_its_owner_died_inherits_no_off_cpu_time() {
     );
     target.wait_line("READY", Duration::from_secs(30));
     let out = fresh_dir("tid-reuse");
-    let pid = target.child.id().to_string();
-    let out_arg = out.display().to_string();
-    let mut record = Running::spawn(
-        "tokentrace record",
-        &mut tokentrace(&[
-            "record",
-            "--pid",
-            &pid,
-            "--duration",
-            "120s",
-            "--out",
-            &out_arg,
-        ]),
-    );
-    record.wait_line("tokentrace: ready", Duration::from_secs(60));
+    let mut record = start_record(target.child.id(), &out, &[]);
     target.signal(libc::SIGUSR1);
     let line = target.wait_for(
         "its JSON line",
@@ -983,7 +963,7 @@ fn root_a_thread_id_reused_after_its_owner_died_inherits_no_off_cpu_time() {
     let base = trace["otherData"]["session_start_monotonic_ns"]
         .as_u64()
         .expect("session_start_monotonic_ns");
-    let pid: u64 = pid.parse().expect("pid");
+    let pid = u64::from(target.child.id());
     let off_cpu: Vec<(u64, u64)> = trace["traceEvents"]
         .as_array()
         .expect("traceEvents")
