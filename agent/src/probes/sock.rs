@@ -89,6 +89,10 @@ impl SockProbes {
             .set_max_entries(pid_flag_slots(max_pid()))
             .context("sizing the pid filter array")?;
         open.maps
+            .tls_tgids
+            .set_max_entries(pid_flag_slots(max_pid()))
+            .context("sizing the OpenSSL process array")?;
+        open.maps
             .events
             .set_max_entries(settings.ring_buffer_bytes)
             .context("sizing the ring buffer (must be a power of two multiple of the page size)")?;

@@ -83,6 +83,37 @@ struct {
 	__type(value, struct ssl_call);
 } ssl_calls SEC(".maps");
 
+/* One byte per tgid, the shape of `traced_flags` (sized with it by the
+ * agent; the probes alone write it): 1 once a thread of the process entered
+ * an OpenSSL call, before its first `ssl_calls` entry, 0 again when the
+ * process exits. A traced send or read of a process that never made one
+ * (no OpenSSL probes, or a plaintext server) skips the `ssl_calls` hash
+ * lookup: ~60 ns per chunk under the node flood, a tenth of on_send_length's
+ * samples going to hash lookups. A byte, not a bit, so that no two
+ * processes share a read-modify-write; tgids past the array always look. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 32768 / 8);
+	__type(key, __u32);
+	__type(value, __u64);
+} tls_tgids SEC(".maps");
+
+static __always_inline __u8 *tls_flag(__u32 tgid)
+{
+	__u32 slot = tgid >> 3;
+	__u8 *flags = bpf_map_lookup_elem(&tls_tgids, &slot);
+
+	return flags ? &flags[tgid & 7] : NULL;
+}
+
+/* The process may have an OpenSSL call in flight on some thread. */
+static __always_inline bool may_be_in_ssl(__u32 tgid)
+{
+	__u8 *flag = tls_flag(tgid);
+
+	return !flag || *flag;
+}
+
 struct ssl_key {
 	__u32 tgid;
 	__u32 _pad;
@@ -397,7 +428,7 @@ static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long
 			tls_walk_read(sk, st, a->buf, a->iovcnt, ret);
 	}
 
-	struct ssl_call *in_ssl = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
+	struct ssl_call *in_ssl = may_be_in_ssl(pid_tgid >> 32) ? bpf_map_lookup_elem(&ssl_calls, &pid_tgid) : NULL;
 	if (in_ssl) {
 		/* Ciphertext of an OpenSSL call on this thread: remember which
 		 * socket the SSL* uses; the plaintext is reported by the uprobe. */
@@ -591,6 +622,9 @@ int on_exit(struct trace_event_raw_sched_process_template *ctx)
 	if ((__u32)pid_tgid != tgid || !is_traced(tgid))
 		return 0; /* only the group leader of a traced process */
 	set_traced(tgid, 0);
+	__u8 *tls = tls_flag(tgid);
+	if (tls)
+		*tls = 0;
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
@@ -619,6 +653,9 @@ static __always_inline int ssl_enter(struct pt_regs *ctx, __u8 call, __u8 direct
 
 	if (!is_traced(pid_tgid >> 32))
 		return 0;
+	__u8 *tls = tls_flag(pid_tgid >> 32);
+	if (tls && !*tls)
+		*tls = 1;
 	struct ssl_call c = {
 		.ssl = PT_REGS_PARM1(ctx),
 		.buf = PT_REGS_PARM2(ctx),
