@@ -36,7 +36,7 @@ pub(super) fn agent_tracepoints(pid: u32) -> Result<Vec<String>> {
 
 /// Empty programs attached to tracepoints while alive.
 pub(super) struct EmptyHooks {
-    _attached: Guard,
+    attached: Guard,
 }
 
 impl EmptyHooks {
@@ -58,6 +58,12 @@ impl EmptyHooks {
             stderr.read_to_string(&mut why)?;
             bail!("empty_hooks.py attached nothing: {}", why.trim());
         }
-        Ok(Self { _attached: guard })
+        Ok(Self { attached: guard })
+    }
+
+    /// The process holding the empty program (its fdinfo has the
+    /// program's bpf_stats).
+    pub(super) fn pid(&self) -> u32 {
+        self.attached.0.id()
     }
 }
