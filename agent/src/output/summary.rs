@@ -250,10 +250,13 @@ impl fmt::Display for RunSummary {
             self.events, self.kernel_drops, self.channel_drops, self.decode_errors
         )?;
         if self.channel_waits > 0 {
+            let times = match self.channel_waits {
+                1 => "once".to_string(),
+                n => format!("{n} times"),
+            };
             writeln!(
                 f,
-                "  backpressure: the ingest thread waited {} times for stitching (records waited in the ring buffer)",
-                self.channel_waits
+                "  backpressure: the ingest thread waited {times} for stitching (records waited in the ring buffer)"
             )?;
         }
         if self.untraced_forks > 0 {
@@ -393,6 +396,20 @@ mod tests {
             h.percentile(100.0),
             Some(h.0.highest_equivalent(MAX_TRACKED_NS))
         );
+    }
+
+    #[test]
+    fn backpressure_waits_are_counted_in_words() {
+        let text = |waits| {
+            RunSummary {
+                channel_waits: waits,
+                ..RunSummary::default()
+            }
+            .to_string()
+        };
+        assert!(!text(0).contains("backpressure"));
+        assert!(text(1).contains("the ingest thread waited once for stitching"));
+        assert!(text(3).contains("the ingest thread waited 3 times for stitching"));
     }
 
     #[test]
