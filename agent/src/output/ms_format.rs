@@ -53,32 +53,42 @@ fn whole_micros(value: f64) -> Option<u64> {
 }
 
 /// `micros` / 1000 as a decimal: "12.5", "0.001", "3.0", written at once
-/// (one `write_all` per number: the writer is the line's buffer).
+/// (one `write_all` per number: the writer is the line's buffer). The
+/// digits are put in place from the last one back, in one buffer: an
+/// integer formatter's output copied after the fact was two more small
+/// `memcpy` calls per number (~3.5 % of the agent's samples under the node
+/// flood, two numbers per chunk).
 fn write_ms<W: ?Sized + io::Write>(writer: &mut W, micros: u64) -> io::Result<()> {
-    let mut whole = itoa::Buffer::new();
-    let whole = whole.format(micros / 1000).as_bytes();
     // below MAX_MICROS: at most 12 digits before the point, 4 from it on
     let mut text = [0u8; 20];
-    text[..whole.len()].copy_from_slice(whole);
-    let mut len = whole.len();
-    let frac = (micros % 1000) as usize;
-    let digits = [
-        b'.',
-        b'0' + (frac / 100) as u8,
-        b'0' + (frac / 10 % 10) as u8,
-        b'0' + (frac % 10) as u8,
-    ];
-    // ".0" for a whole number (0 is a multiple of 100), else no trailing 0
-    let keep = if frac.is_multiple_of(100) {
-        2
-    } else if frac.is_multiple_of(10) {
-        3
-    } else {
-        4
+    let mut at = text.len();
+    let mut put = |byte: u8| {
+        at -= 1;
+        text[at] = byte;
     };
-    text[len..len + keep].copy_from_slice(&digits[..keep]);
-    len += keep;
-    writer.write_all(&text[..len])
+    // ".0" for a whole number, else the fraction without trailing zeros
+    let frac = micros % 1000;
+    let (mut digits, count) = if frac.is_multiple_of(100) {
+        (frac / 100, 1)
+    } else if frac.is_multiple_of(10) {
+        (frac / 10, 2)
+    } else {
+        (frac, 3)
+    };
+    for _ in 0..count {
+        put(b'0' + (digits % 10) as u8);
+        digits /= 10;
+    }
+    put(b'.');
+    let mut whole = micros / 1000;
+    loop {
+        put(b'0' + (whole % 10) as u8);
+        whole /= 10;
+        if whole == 0 {
+            break;
+        }
+    }
+    writer.write_all(&text[at..])
 }
 
 #[cfg(test)]

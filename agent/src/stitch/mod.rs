@@ -149,8 +149,9 @@ impl Stitcher {
     pub fn push(&mut self, event: &Event, out: &mut Vec<RequestTimeline>) {
         let before = out.len();
         let sink = &mut Sink::new(out, &mut self.stats);
+        let mut ciphertext = false;
         match event {
-            Event::Data(ev) => self.connections.on_data(ev, sink),
+            Event::Data(ev) => ciphertext = self.connections.on_data(ev, sink),
             Event::Accept(ev) => self.connections.on_accept(ev, sink),
             Event::Close(ev) => self.connections.on_close(ev, sink),
             Event::Exit(ev) => self.connections.on_exit(ev.pid, ev.ts, sink),
@@ -170,8 +171,7 @@ impl Stitcher {
         }
         self.through_tls_flush(before, out);
         if let Event::Data(ev) = event {
-            let ciphertext_out =
-                ev.direction == Direction::Egress && self.connections.is_ciphertext(ev.conn);
+            let ciphertext_out = ev.direction == Direction::Egress && ciphertext;
             if let Some(addrs) = ev.addrs.filter(|_| ciphertext_out) {
                 self.tls_flush
                     .ciphertext_write(ev.conn.pid, addrs, ev.ts_enter, out);

@@ -76,33 +76,32 @@ impl Connections {
         self.map.len()
     }
 
-    pub(crate) fn on_data(&mut self, ev: &DataEvent, sink: &mut Sink<'_>) {
+    /// Returns whether the connection carries TLS records (its plaintext
+    /// is a connection of its own), as it stands after these bytes: known
+    /// here without a second lookup.
+    pub(crate) fn on_data(&mut self, ev: &DataEvent, sink: &mut Sink<'_>) -> bool {
         let ts = Io::of(ev).ts;
-        let outbound = if let Some(conn) = self.touch(ev.conn, ts) {
+        let seen = |conn: &mut Connection, sink: &mut Sink<'_>| {
             conn.on_data(ev, sink);
-            conn.outbound_addrs()
+            (conn.outbound_addrs(), conn.is_ciphertext())
+        };
+        let (outbound, ciphertext) = if let Some(conn) = self.touch(ev.conn, ts) {
+            seen(conn, sink)
         } else {
             self.retire_reused_fd(ev.conn, sink);
             if !self.map.contains_key(&ev.conn) {
                 let conn = Connection::adopted(ev, &self.limits);
                 self.insert(ev.conn, conn, sink);
             }
-            self.touch(ev.conn, ts).and_then(|conn| {
-                conn.on_data(ev, sink);
-                conn.outbound_addrs()
-            })
+            self.touch(ev.conn, ts)
+                .map_or((None, false), |conn| seen(conn, sink))
         };
         if let Some(addrs) = outbound {
             self.outbound
                 .entry(TcpEnds::of(addrs.local, addrs.remote))
                 .or_insert(ev.conn);
         }
-    }
-
-    /// Whether `id` carries TLS records (its plaintext is a connection of
-    /// its own).
-    pub(crate) fn is_ciphertext(&self, id: ConnId) -> bool {
-        self.map.get(&id).is_some_and(Connection::is_ciphertext)
+        ciphertext
     }
 
     /// Whether a traced client connection has `local` and `remote` as its
