@@ -54,13 +54,21 @@ struct {
 	__type(value, __u8);
 } traced_tgids SEC(".maps");
 
+/* The byte of `tgid` in `map`, an array shaped like `traced_flags` (each
+ * 8-byte element holds 8 consecutive tgids' bytes), or NULL when it is
+ * past the array. Inlined: the verifier sees which map. */
+static __always_inline __u8 *tgid_byte(void *map, __u32 tgid)
+{
+	__u32 slot = tgid >> 3;
+	__u8 *bytes = bpf_map_lookup_elem(map, &slot);
+
+	return bytes ? &bytes[tgid & 7] : NULL;
+}
+
 /* The flag byte of `tgid`, or NULL when it is past the array. */
 static __always_inline __u8 *traced_flag(__u32 tgid)
 {
-	__u32 slot = tgid >> 3;
-	__u8 *flags = bpf_map_lookup_elem(&traced_flags, &slot);
-
-	return flags ? &flags[tgid & 7] : NULL;
+	return tgid_byte(&traced_flags, tgid);
 }
 
 static __always_inline bool is_traced(__u32 tgid)

@@ -98,18 +98,10 @@ struct {
 	__type(value, __u64);
 } tls_tgids SEC(".maps");
 
-static __always_inline __u8 *tls_flag(__u32 tgid)
-{
-	__u32 slot = tgid >> 3;
-	__u8 *flags = bpf_map_lookup_elem(&tls_tgids, &slot);
-
-	return flags ? &flags[tgid & 7] : NULL;
-}
-
 /* The process may have an OpenSSL call in flight on some thread. */
 static __always_inline bool may_be_in_ssl(__u32 tgid)
 {
-	__u8 *flag = tls_flag(tgid);
+	__u8 *flag = tgid_byte(&tls_tgids, tgid);
 
 	return !flag || *flag;
 }
@@ -622,7 +614,7 @@ int on_exit(struct trace_event_raw_sched_process_template *ctx)
 	if ((__u32)pid_tgid != tgid || !is_traced(tgid))
 		return 0; /* only the group leader of a traced process */
 	set_traced(tgid, 0);
-	__u8 *tls = tls_flag(tgid);
+	__u8 *tls = tgid_byte(&tls_tgids, tgid);
 	if (tls)
 		*tls = 0;
 	struct tt_proc_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
@@ -653,7 +645,7 @@ static __always_inline int ssl_enter(struct pt_regs *ctx, __u8 call, __u8 direct
 
 	if (!is_traced(pid_tgid >> 32))
 		return 0;
-	__u8 *tls = tls_flag(pid_tgid >> 32);
+	__u8 *tls = tgid_byte(&tls_tgids, pid_tgid >> 32);
 	if (tls && !*tls)
 		*tls = 1;
 	struct ssl_call c = {
