@@ -498,6 +498,16 @@ fn bpftool(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Whether the instructions of an xlated dump call `function`. Its source
+/// lines come along as `; …` comments, and a kept instruction can carry the
+/// line of a call the verifier dropped: only a call instruction counts.
+fn calls(xlated: &str, function: &str) -> bool {
+    let call = format!(" call {function}#");
+    xlated
+        .lines()
+        .any(|l| !l.trim_start().starts_with(';') && l.contains(&call))
+}
+
 /// Kernels 6.13+ run uprobe programs preemptible, on a per-CPU private
 /// stack when they need 64 bytes or more: such a program must disable
 /// preemption, as must every program staging records in the per-CPU
@@ -593,12 +603,12 @@ fn root_daemonset_caps_deep_or_scratch_programs_disable_preemption() {
             continue;
         }
         let xlated = bpftool(&["prog", "dump", "xlated", "id", &id]);
-        let disables = xlated.contains("bpf_preempt_disable");
-        let enables = xlated.contains("bpf_preempt_enable");
+        let disables = calls(&xlated, "bpf_preempt_disable");
+        let enables = calls(&xlated, "bpf_preempt_enable");
         let socket_hook = name == "on_send_length" || name == "on_recv_length";
         // Direct where the dynptr user read is called: the verifier drops
         // the way a kernel does not take (the staged one from 6.16).
-        if socket_hook && xlated.contains("bpf_probe_read_user_dynptr") {
+        if socket_hook && calls(&xlated, "bpf_probe_read_user_dynptr") {
             assert!(
                 !disables && !enables,
                 "{title}: {name} builds its records in place yet disables preemption: two \
