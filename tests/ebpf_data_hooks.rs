@@ -12,7 +12,7 @@
 
 use tokentrace_testkit as common;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
@@ -129,6 +129,129 @@ fn root_one_data_path_is_loaded() {
         "--data-hooks syscall",
     );
     assert!(!holds(&syscall, SEND_START_PROGRAM), "{syscall:?}");
+}
+
+/// One BPF map the agent holds, as `bpftool map show` describes it.
+struct HeldMap {
+    name: String,
+    flags: u64,
+    max_entries: u64,
+    elem_bytes: u64,
+    memlock: u64,
+}
+
+/// The maps `pid` holds, each once (the probe objects share some), by name.
+fn held_maps(pid: u32) -> BTreeMap<String, HeldMap> {
+    let dir = format!("/proc/{pid}/fdinfo");
+    let ids: BTreeSet<u64> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{dir}: {e}"))
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("map_id:"))
+                .and_then(|id| id.trim().parse().ok())
+        })
+        .collect();
+    ids.into_iter()
+        .map(|id| {
+            let out = Command::new("bpftool")
+                .args(["map", "show", "id", &id.to_string(), "--json"])
+                .output()
+                .unwrap_or_else(|e| panic!("cannot run bpftool (apt-get install bpftool): {e}"));
+            let show: Value = serde_json::from_slice(&out.stdout)
+                .unwrap_or_else(|e| panic!("bpftool map show {id}: not JSON: {e}"));
+            let num = |key: &str| show.get(key).and_then(Value::as_u64).unwrap_or(0);
+            let map = HeldMap {
+                name: str_field(&show, "name").unwrap_or_default(),
+                flags: num("flags"),
+                max_entries: num("max_entries"),
+                elem_bytes: num("bytes_key") + num("bytes_value"),
+                memlock: num("bytes_memlock"),
+            };
+            (map.name.clone(), map)
+        })
+        .collect()
+}
+
+/// Whether the kernel has the BPF memory allocator (6.1+), with which
+/// tracing programs may use hash maps that allocate on update; read from
+/// /sys/kernel/btf/vmlinux itself, not from the agent's own check.
+fn kernel_allocates_on_update() -> bool {
+    let btf = std::fs::read("/sys/kernel/btf/vmlinux")
+        .unwrap_or_else(|e| panic!("reading /sys/kernel/btf/vmlinux: {e}"));
+    let name = b"\0bpf_mem_alloc\0";
+    btf.windows(name.len()).any(|w| w == name)
+}
+
+/// The maps of a `tokentrace run` tracing an idle server with `flags`.
+fn maps_while_tracing(flags: &[&str]) -> BTreeMap<String, HeldMap> {
+    let server = start_server(ServerKind::Stdlib, &[]);
+    let mut args = Agent::for_pids(&[server.pid()]);
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let mut agent = start_agent(&args);
+    let maps = held_maps(agent.proc.pid());
+    let stop = agent.stop();
+    assert!(
+        stop.is_some_and(|s| s.success()),
+        "{flags:?}: agent exit {stop:?}"
+    );
+    maps
+}
+
+/// Kernel memory charged to the agent's memory cgroup: a data path does not
+/// create the map only the other one uses (the syscall hooks' `active_io`,
+/// the socket hooks' `send_starts`), and the maps holding one entry per
+/// thread inside a call (OpenSSL, a syscall, a CUDA sync) allocate their
+/// elements on update where the kernel allows it (6.1+) instead of all
+/// 65536 at load: each then holds its buckets, far below what its elements
+/// would take preallocated.
+#[test]
+fn root_maps_are_only_the_data_paths_and_call_maps_allocate_on_update() {
+    require_root("root_maps_are_only_the_data_paths_and_call_maps_allocate_on_update");
+    const NO_PREALLOC: u64 = 1;
+    let on_update = kernel_allocates_on_update();
+    let check_call_map = |maps: &BTreeMap<String, HeldMap>, name: &str, run: &str| {
+        let map = maps
+            .get(name)
+            .unwrap_or_else(|| panic!("{run}: no {name} map: {:?}", maps.keys()));
+        // Preallocated, a hash map takes its buckets (16 bytes each, at
+        // least one per entry) and every element, each at least its key
+        // and value; allocating on update, its buckets and the few
+        // elements in use.
+        let preallocated = map.max_entries * (16 + map.elem_bytes);
+        eprintln!(
+            "[test] {run}: {name} flags {:#x}, {} KiB of kernel memory (at least {} KiB \
+             preallocated)",
+            map.flags,
+            map.memlock / 1024,
+            preallocated / 1024
+        );
+        if on_update {
+            assert_eq!(map.flags & NO_PREALLOC, NO_PREALLOC, "{run}: {name}");
+            assert!(
+                map.memlock < preallocated,
+                "{run}: {name} takes {} bytes: preallocated ({preallocated} or more)",
+                map.memlock
+            );
+        } else {
+            assert_eq!(map.flags & NO_PREALLOC, 0, "{run}: {name} (kernel before 6.1)");
+        }
+    };
+    let socket = socket_data_hooks();
+    let auto = maps_while_tracing(&[]);
+    let run = format!("auto (socket hooks {socket})");
+    check_call_map(&auto, "ssl_calls", &run);
+    check_call_map(&auto, "cuda_calls", &run);
+    if socket {
+        assert!(!auto.contains_key("active_io"), "{run}: {:?}", auto.keys());
+    } else {
+        check_call_map(&auto, "active_io", &run);
+    }
+    let syscall = maps_while_tracing(&["--data-hooks", "syscall"]);
+    let run = "--data-hooks syscall";
+    check_call_map(&syscall, "active_io", run);
+    assert!(!syscall.contains_key("send_starts"), "{run}: {:?}", syscall.keys());
 }
 
 /// `socket_at_return`: the socket hooks without the send-start hook (one

@@ -178,9 +178,11 @@ impl DataHooksSetting {
     }
 }
 
-/// Loads the programs of `hooks` and not the other data path's. With the
-/// syscall hooks the socket hooks' task storage (`send_starts`) is not
-/// created either: kernels before 5.11 have no task storage maps.
+/// Loads the programs of `hooks` and not the other data path's, nor the
+/// map only the other path uses: with the syscall hooks the socket hooks'
+/// task storage (`send_starts`; kernels before 5.11 have no task storage
+/// maps), with the socket hooks the syscall entries kept for their exits
+/// (`active_io`, 1-7 MiB of kernel memory for nothing).
 pub(super) fn select_data_programs(
     object: &mut libbpf_rs::OpenObject,
     hooks: DataHooks,
@@ -193,12 +195,15 @@ pub(super) fn select_data_programs(
             .any(|p| *p == name);
         any_path && !hooks.programs().contains(&name)
     });
-    if hooks == DataHooks::Syscall {
-        for mut map in object.maps_mut() {
-            if map.name() == "send_starts" {
-                map.set_autocreate(false)
-                    .context("leaving the socket hooks' send_starts map out")?;
-            }
+    let other_paths_map = if hooks == DataHooks::Syscall {
+        "send_starts"
+    } else {
+        "active_io"
+    };
+    for mut map in object.maps_mut() {
+        if map.name() == other_paths_map {
+            map.set_autocreate(false)
+                .with_context(|| format!("leaving the {other_paths_map} map out"))?;
         }
     }
     Ok(())

@@ -69,6 +69,7 @@ impl InferProbes {
             .traced_tgids
             .reuse_fd(traced.as_fd())
             .context("sharing the pid filter")?;
+        super::map_memory::allocate_on_update([&mut open.maps.cuda_calls])?;
         let rodata = open
             .maps
             .rodata_data

@@ -181,23 +181,22 @@ fn rss_breakdown(pid: u32) -> Result<(u64, u64, u64)> {
 }
 
 /// Kernel memory of the agent's maps (fdinfo `memlock`), in KiB, and the
-/// largest (the ring buffer).
+/// largest (the ring buffer). Each map once: the probe objects share the
+/// ring buffer and the pid filter, so the agent holds several fds of them.
 fn map_memlock_kib(pid: u32) -> Result<(u64, u64)> {
-    let (mut total, mut largest) = (0u64, 0u64);
-    for text in fdinfo(pid)? {
-        if !text.contains("map_type:") {
-            continue;
-        }
-        if let Some(bytes) = text
-            .lines()
-            .find_map(|l| l.strip_prefix("memlock:"))
+    let field = |text: &str, name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
             .and_then(|v| v.trim().parse::<u64>().ok())
-        {
-            total += bytes / 1024;
-            largest = largest.max(bytes / 1024);
+    };
+    let mut maps = BTreeMap::new();
+    for text in fdinfo(pid)? {
+        if let (Some(id), Some(bytes)) = (field(&text, "map_id:"), field(&text, "memlock:")) {
+            maps.insert(id, bytes / 1024);
         }
     }
-    Ok((total, largest))
+    let largest = maps.values().copied().max().unwrap_or(0);
+    Ok((maps.values().sum(), largest))
 }
 
 /// What one flood round cost: CPU ticks of the server and of the agent
