@@ -235,7 +235,11 @@ fn root_maps_are_only_the_data_paths_and_call_maps_allocate_on_update() {
                 map.memlock
             );
         } else {
-            assert_eq!(map.flags & NO_PREALLOC, 0, "{run}: {name} (kernel before 6.1)");
+            assert_eq!(
+                map.flags & NO_PREALLOC,
+                0,
+                "{run}: {name} (kernel before 6.1)"
+            );
         }
     };
     let socket = socket_data_hooks();
@@ -251,7 +255,11 @@ fn root_maps_are_only_the_data_paths_and_call_maps_allocate_on_update() {
     let syscall = maps_while_tracing(&["--data-hooks", "syscall"]);
     let run = "--data-hooks syscall";
     check_call_map(&syscall, "active_io", run);
-    assert!(!syscall.contains_key("send_starts"), "{run}: {:?}", syscall.keys());
+    assert!(
+        !syscall.contains_key("send_starts"),
+        "{run}: {:?}",
+        syscall.keys()
+    );
 }
 
 /// `socket_at_return`: the socket hooks without the send-start hook (one

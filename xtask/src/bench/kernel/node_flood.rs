@@ -20,7 +20,7 @@ use std::process::Command;
 
 use anyhow::{bail, Context, Result};
 
-use super::{prog_stats, stats_delta, BpfStats, FloodRound};
+use super::{prog_stats, stats_delta, BpfPerChunk, BpfStats, FloodRound};
 use crate::bench::bpftrace::{self, OneLiner, ONE_LINERS};
 use crate::bench::{cpu_ticks, json_number, median, peak_rss_kib, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
@@ -119,7 +119,7 @@ impl AgentRounds {
 }
 
 /// BPF time per chunk over one round with `agent_bin` (bpf_stats on).
-fn bpf_us_per_chunk(agent_bin: &Path, flood: (u16, u32, u32)) -> Result<f64> {
+fn bpf_per_chunk(agent_bin: &Path, flood: (u16, u32, u32)) -> Result<BpfPerChunk> {
     let (port, requests, server_pid) = flood;
     let _stats = BpfStats::enable()?;
     let agent = TracingAgent::start(agent_bin, server_pid)?;
@@ -127,20 +127,21 @@ fn bpf_us_per_chunk(agent_bin: &Path, flood: (u16, u32, u32)) -> Result<f64> {
     let t = round(port, requests, server_pid, Some(agent.pid))?;
     let after = prog_stats(agent.pid)?;
     agent.stop()?;
-    let ns: f64 = stats_delta(&before, &after)
-        .iter()
-        .map(|(_, ns, runs)| ns * *runs as f64)
-        .sum();
-    Ok(ns / 1e3 / t.chunks.max(1.0))
+    Ok(BpfPerChunk::of(&stats_delta(&before, &after), t.chunks))
 }
 
-/// Appends the node flood's lines to `out`.
-pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
+/// Appends the node flood's lines to `out`; the BPF time per chunk of
+/// this agent's bpf_stats round (none without node).
+pub(super) fn run(
+    agent_bin: &Path,
+    opts: &Options,
+    out: &mut String,
+) -> Result<Option<BpfPerChunk>> {
     if Command::new("node").arg("--version").output().is_err() {
         out.push_str(
             "node flood: skipped: no `node` on PATH (apt install nodejs, or cargo xtask deps)\n",
         );
-        return Ok(());
+        return Ok(None);
     }
     let port = free_port()?;
     let server = start_server(NODE_FLOOD, &["server", "--port", &port.to_string()])?;
@@ -193,7 +194,8 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
             rounds.push((st, bt, (st + bt) / sb));
         }
     }
-    let bpf_us = bpf_us_per_chunk(agent_bin, flood)?;
+    let bpf = bpf_per_chunk(agent_bin, flood)?;
+    let bpf_us = bpf.us;
     let (ratio, agent_us, sb, st) = this.medians();
     let agent_added = st - sb;
     out.push_str(&format!(
@@ -205,7 +207,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
             bin,
             rounds,
             &this,
-            bpf_us_per_chunk(bin, flood)?,
+            bpf_per_chunk(bin, flood)?.us,
             bpf_us,
         ));
     }
@@ -226,7 +228,7 @@ pub(super) fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<
         ));
     }
     drop(server);
-    Ok(())
+    Ok(Some(bpf))
 }
 
 /// The baseline agent's figures, and this agent's against them paired by
