@@ -37,20 +37,22 @@ fn kernel_has_send_start() -> bool {
     btf.windows(name.len()).any(|w| w == name)
 }
 
+/// `bpftool <object> show id <id>` (object: prog or map), as JSON.
+fn bpftool_show(object: &str, id: u64) -> Value {
+    let out = Command::new("bpftool")
+        .args([object, "show", "id", &id.to_string(), "--json"])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run bpftool (apt-get install bpftool): {e}"));
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("bpftool {object} show {id}: not JSON: {e}"))
+}
+
 /// Names of the BPF programs `pid` holds (as the kernel keeps them: at most
 /// 15 characters).
 fn program_names(pid: u32) -> BTreeSet<String> {
     program_ids(pid)
         .into_iter()
-        .map(|id| {
-            let out = Command::new("bpftool")
-                .args(["prog", "show", "id", &id.to_string(), "--json"])
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run bpftool (apt-get install bpftool): {e}"));
-            let show: Value = serde_json::from_slice(&out.stdout)
-                .unwrap_or_else(|e| panic!("bpftool prog show {id}: not JSON: {e}"));
-            str_field(&show, "name").unwrap_or_default()
-        })
+        .map(|id| str_field(&bpftool_show("prog", id), "name").unwrap_or_default())
         .collect()
 }
 
@@ -142,25 +144,10 @@ struct HeldMap {
 
 /// The maps `pid` holds, each once (the probe objects share some), by name.
 fn held_maps(pid: u32) -> BTreeMap<String, HeldMap> {
-    let dir = format!("/proc/{pid}/fdinfo");
-    let ids: BTreeSet<u64> = std::fs::read_dir(&dir)
-        .unwrap_or_else(|e| panic!("{dir}: {e}"))
-        .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        .filter_map(|info| {
-            info.lines()
-                .find_map(|l| l.strip_prefix("map_id:"))
-                .and_then(|id| id.trim().parse().ok())
-        })
-        .collect();
-    ids.into_iter()
+    map_ids(pid)
+        .into_iter()
         .map(|id| {
-            let out = Command::new("bpftool")
-                .args(["map", "show", "id", &id.to_string(), "--json"])
-                .output()
-                .unwrap_or_else(|e| panic!("cannot run bpftool (apt-get install bpftool): {e}"));
-            let show: Value = serde_json::from_slice(&out.stdout)
-                .unwrap_or_else(|e| panic!("bpftool map show {id}: not JSON: {e}"));
+            let show = bpftool_show("map", id);
             let num = |key: &str| show.get(key).and_then(Value::as_u64).unwrap_or(0);
             let map = HeldMap {
                 name: str_field(&show, "name").unwrap_or_default(),

@@ -41,6 +41,12 @@ and a client that reads them as fast as it can.
       syscall every time; glibc caches nothing). Prints READY <pid>, waits
       for a line on stdin, runs S seconds, prints one JSON line
       {"syscalls", "seconds", "syscalls_per_s"}.
+  python3 tests/bench/sse_flood.py connect-loop --seconds S
+      Connections alone: one thread connects to a loopback listener, accepts
+      and closes both ends (the server first), per iteration: every TCP
+      state change and socket free of a connection. Prints READY <pid>, waits
+      for a line on stdin, runs S seconds, prints one JSON line
+      {"connections", "seconds", "connections_per_s"}.
 Stdlib only; loopback only; bounded by --seconds.
 """
 
@@ -308,6 +314,27 @@ def pingpong(args):
     os.write(ping_w, b"q")
 
 
+def connect_loop(args):
+    """Connections alone: each iteration connects to a loopback listener,
+    accepts, and closes both ends: every TCP state change and socket free of
+    a connection, in a process nobody traces. The server closes first, so
+    the TIME_WAITs are its own and hold no ephemeral port the next connect()
+    needs (tens of thousands of them per run)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    addr = listener.getsockname()
+    def batch():
+        for _ in range(100):
+            client = socket.create_connection(addr)
+            server, _ = listener.accept()
+            server.close()
+            client.close()
+
+    gated(args.seconds, batch, 100, "connections")
+    listener.close()
+
+
 def syscall_loop(args):
     getppid = os.getppid
     def batch():
@@ -343,6 +370,8 @@ def main():
     pp.add_argument("--seconds", type=float, default=3.0)
     sc = sub.add_parser("syscall-loop")
     sc.add_argument("--seconds", type=float, default=3.0)
+    cl = sub.add_parser("connect-loop")
+    cl.add_argument("--seconds", type=float, default=3.0)
     args = ap.parse_args()
     if args.mode == "server":
         if args.tls and not (args.certfile and args.keyfile):
@@ -358,6 +387,8 @@ def main():
         pingpong(args)
     elif args.mode == "syscall-loop":
         syscall_loop(args)
+    elif args.mode == "connect-loop":
+        connect_loop(args)
     else:
         ssl_loop(args)
 

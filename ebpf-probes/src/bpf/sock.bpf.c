@@ -1157,7 +1157,7 @@ int BPF_PROG(on_tcp_destroy, struct sock *sk)
 	 * zeroes skc_num): the local port is read from inet_sport. Read
 	 * through skc_num, every closed socket's state stayed until the LRU
 	 * evicted it and its port's count never went down. */
-	struct port_ref *r = port_ref_at(bpf_ntohs(BPF_CORE_READ((struct inet_sock *)sk, inet_sport)));
+	struct port_ref *r = port_ref_at(bpf_ntohs(KREAD(struct inet_sock, sk, inet_sport)));
 	if (!r || !(r->listener | r->socks))
 		return 0;
 	__u64 key = (__u64)sk;

@@ -58,6 +58,17 @@ pub fn require_root(test: &str) {
 
 /// Ids of the BPF programs `pid` holds open (`prog_id:` in its fdinfo).
 pub fn program_ids(pid: u32) -> std::collections::BTreeSet<u64> {
+    fdinfo_ids(pid, "prog_id:")
+}
+
+/// Ids of the BPF maps `pid` holds open (`map_id:` in its fdinfo), each
+/// once however many fds of it the process has.
+pub fn map_ids(pid: u32) -> std::collections::BTreeSet<u64> {
+    fdinfo_ids(pid, "map_id:")
+}
+
+/// The `field` ids found in the fdinfo of `pid`'s open files.
+fn fdinfo_ids(pid: u32, field: &str) -> std::collections::BTreeSet<u64> {
     let dir = format!("/proc/{pid}/fdinfo");
     let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir}: {e}"));
     entries
@@ -65,7 +76,7 @@ pub fn program_ids(pid: u32) -> std::collections::BTreeSet<u64> {
         .filter_map(|e| std::fs::read_to_string(e.path()).ok())
         .filter_map(|info| {
             info.lines()
-                .find_map(|l| l.strip_prefix("prog_id:"))
+                .find_map(|l| l.strip_prefix(field))
                 .and_then(|id| id.trim().parse().ok())
         })
         .collect()

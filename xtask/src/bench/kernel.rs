@@ -28,6 +28,11 @@
 //!   hand-offs, which react to any added latency.
 //! - **context-switch tax**: `sse_flood.py pingpong` (two untraced threads
 //!   passing a byte over two pipes) without / with the agent.
+//! - **connection tax**: `sse_flood.py connect-loop` (one untraced thread
+//!   connecting to a loopback listener, accepting and closing both ends)
+//!   without / with the agent: the state-change and socket-free programs,
+//!   which run a few times per connection, each hit warm (in the other
+//!   loops they run only for the loops' own few connections, cold).
 //! - **non-I/O syscall tax**: `sse_flood.py syscall-loop` (getppid() in an
 //!   untraced thread) without / with the agent: the raw syscall hooks see
 //!   every syscall, not only the socket and pipe calls the loops above make;
@@ -153,6 +158,7 @@ fn untraced_loops(opts: &Options) -> Result<()> {
     gated_loop("send-recv-loop", "iterations_per_s", opts.seconds)?;
     gated_loop("pingpong", "round_trips_per_s", opts.seconds)?;
     gated_loop("syscall-loop", "syscalls_per_s", opts.seconds)?;
+    gated_loop("connect-loop", "connections_per_s", opts.seconds)?;
     Ok(())
 }
 
@@ -397,7 +403,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             .map(|row| row.1)
             .context("the empty program never ran under the untraced loops")?;
         out.push_str(&format!(
-            "BPF ns per run, untraced hits (bpf_stats on; write-loop, send-recv-loop, pingpong and syscall-loop while the agent traces an idle process): {}\n",
+            "BPF ns per run, untraced hits (bpf_stats on; write-loop, send-recv-loop, pingpong, syscall-loop and connect-loop while the agent traces an idle process): {}\n",
             format_stats(&untraced)
         ));
         out.push_str(&format!(
@@ -443,6 +449,13 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
             "pingpong",
             "round_trips_per_s",
             "pingpong: two untraced threads passing a byte over two pipes",
+            false,
+        ),
+        (
+            "connection tax",
+            "connect-loop",
+            "connections_per_s",
+            "connect-loop: one untraced thread connects to a loopback listener, accepts and closes both ends",
             false,
         ),
         (
