@@ -12,7 +12,7 @@
 
 use tokentrace_testkit as common;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -56,14 +56,24 @@ fn program_names(pid: u32) -> BTreeSet<String> {
         .collect()
 }
 
+/// What an agent held while tracing: the names of its BPF programs and
+/// maps.
+struct Held {
+    programs: BTreeSet<String>,
+    maps: BTreeSet<String>,
+}
+
 /// Traces a stdlib SSE server with `flags`, sends a few streaming
-/// requests, and returns the names of the programs the agent held.
-fn programs_while_tracing(flags: &[&str]) -> BTreeSet<String> {
+/// requests, and returns what the agent held.
+fn held_while_tracing(flags: &[&str]) -> Held {
     let server = start_server(ServerKind::Stdlib, &[]);
     let mut args = Agent::for_pids(&[server.pid()]);
     args.extend(flags.iter().map(|f| f.to_string()));
     let mut agent = start_agent(&args);
-    let names = program_names(agent.proc.pid());
+    let held = Held {
+        programs: program_names(agent.proc.pid()),
+        maps: map_names(agent.proc.pid()),
+    };
     let mut run = ClientRun::sse(3, 1, "hooks-");
     run.tokens = 3; // 3 token events and the usage event: 4 chunks
     let client = run_client(server.port, &run);
@@ -97,19 +107,26 @@ fn programs_while_tracing(flags: &[&str]) -> BTreeSet<String> {
         stop.is_some_and(|s| s.success()),
         "{flags:?}: agent exit {stop:?}"
     );
-    names
+    held
 }
 
 fn holds(names: &BTreeSet<String>, program: &str) -> bool {
     names.iter().any(|n| n.starts_with(program))
 }
 
+/// One data path's programs, and its maps only: a map only the other path
+/// uses is kernel memory charged to the agent's memory cgroup for nothing
+/// (the syscall hooks' `active_io`, 6.5 MiB preallocated; the socket
+/// hooks' `send_starts`, task storage kernels before 5.11 lack).
 #[test]
 fn root_one_data_path_is_loaded() {
     require_root("root_one_data_path_is_loaded");
     let socket = socket_data_hooks();
-    let auto = programs_while_tracing(&[]);
-    eprintln!("[test] socket hooks on this kernel: {socket}; auto loads {auto:?}");
+    let Held {
+        programs: auto,
+        maps: auto_maps,
+    } = held_while_tracing(&[]);
+    eprintln!("[test] socket hooks on this kernel: {socket}; auto loads {auto:?}, {auto_maps:?}");
     let run = format!("auto (socket hooks {socket})");
     if socket {
         assert_data_path(&auto, &SOCKET_PROGRAMS, &SYSCALL_PROGRAMS, &run);
@@ -123,130 +140,41 @@ fn root_one_data_path_is_loaded() {
         assert_data_path(&auto, &SYSCALL_PROGRAMS, &SOCKET_PROGRAMS, &run);
         assert!(!holds(&auto, SEND_START_PROGRAM), "{run}: {auto:?}");
     }
-    let syscall = programs_while_tracing(&["--data-hooks", "syscall"]);
-    assert_data_path(
-        &syscall,
-        &SYSCALL_PROGRAMS,
-        &SOCKET_PROGRAMS,
-        "--data-hooks syscall",
+    assert!(auto_maps.contains("ssl_calls"), "{run}: {auto_maps:?}");
+    assert_eq!(
+        auto_maps.contains("active_io"),
+        !socket,
+        "{run}: {auto_maps:?}"
     );
+    assert_eq!(
+        auto_maps.contains("send_starts"),
+        socket,
+        "{run}: {auto_maps:?}"
+    );
+    let Held {
+        programs: syscall,
+        maps: syscall_maps,
+    } = held_while_tracing(&["--data-hooks", "syscall"]);
+    let run = "--data-hooks syscall";
+    assert_data_path(&syscall, &SYSCALL_PROGRAMS, &SOCKET_PROGRAMS, run);
     assert!(!holds(&syscall, SEND_START_PROGRAM), "{syscall:?}");
+    assert!(
+        syscall_maps.contains("active_io"),
+        "{run}: {syscall_maps:?}"
+    );
+    assert!(
+        !syscall_maps.contains("send_starts"),
+        "{run}: {syscall_maps:?}"
+    );
 }
 
-/// One BPF map the agent holds, as `bpftool map show` describes it.
-struct HeldMap {
-    name: String,
-    flags: u64,
-    max_entries: u64,
-    elem_bytes: u64,
-    memlock: u64,
-}
-
-/// The maps `pid` holds, each once (the probe objects share some), by name.
-fn held_maps(pid: u32) -> BTreeMap<String, HeldMap> {
+/// Names of the BPF maps `pid` holds, each once (the probe objects share
+/// some).
+fn map_names(pid: u32) -> BTreeSet<String> {
     map_ids(pid)
         .into_iter()
-        .map(|id| {
-            let show = bpftool_show("map", id);
-            let num = |key: &str| show.get(key).and_then(Value::as_u64).unwrap_or(0);
-            let map = HeldMap {
-                name: str_field(&show, "name").unwrap_or_default(),
-                flags: num("flags"),
-                max_entries: num("max_entries"),
-                elem_bytes: num("bytes_key") + num("bytes_value"),
-                memlock: num("bytes_memlock"),
-            };
-            (map.name.clone(), map)
-        })
+        .map(|id| str_field(&bpftool_show("map", id), "name").unwrap_or_default())
         .collect()
-}
-
-/// Whether the kernel has the BPF memory allocator (6.1+), with which
-/// tracing programs may use hash maps that allocate on update; read from
-/// /sys/kernel/btf/vmlinux itself, not from the agent's own check.
-fn kernel_allocates_on_update() -> bool {
-    let btf = std::fs::read("/sys/kernel/btf/vmlinux")
-        .unwrap_or_else(|e| panic!("reading /sys/kernel/btf/vmlinux: {e}"));
-    let name = b"\0bpf_mem_alloc\0";
-    btf.windows(name.len()).any(|w| w == name)
-}
-
-/// The maps of a `tokentrace run` tracing an idle server with `flags`.
-fn maps_while_tracing(flags: &[&str]) -> BTreeMap<String, HeldMap> {
-    let server = start_server(ServerKind::Stdlib, &[]);
-    let mut args = Agent::for_pids(&[server.pid()]);
-    args.extend(flags.iter().map(|f| f.to_string()));
-    let mut agent = start_agent(&args);
-    let maps = held_maps(agent.proc.pid());
-    let stop = agent.stop();
-    assert!(
-        stop.is_some_and(|s| s.success()),
-        "{flags:?}: agent exit {stop:?}"
-    );
-    maps
-}
-
-/// Kernel memory charged to the agent's memory cgroup: a data path does not
-/// create the map only the other one uses (the syscall hooks' `active_io`,
-/// the socket hooks' `send_starts`), and the maps holding one entry per
-/// thread inside a call (OpenSSL, a syscall, a CUDA sync) allocate their
-/// elements on update where the kernel allows it (6.1+) instead of all
-/// 65536 at load: each then holds its buckets, far below what its elements
-/// would take preallocated.
-#[test]
-fn root_maps_are_only_the_data_paths_and_call_maps_allocate_on_update() {
-    require_root("root_maps_are_only_the_data_paths_and_call_maps_allocate_on_update");
-    const NO_PREALLOC: u64 = 1;
-    let on_update = kernel_allocates_on_update();
-    let check_call_map = |maps: &BTreeMap<String, HeldMap>, name: &str, run: &str| {
-        let map = maps
-            .get(name)
-            .unwrap_or_else(|| panic!("{run}: no {name} map: {:?}", maps.keys()));
-        // Preallocated, a hash map takes its buckets (16 bytes each, at
-        // least one per entry) and every element, each at least its key
-        // and value; allocating on update, its buckets and the few
-        // elements in use.
-        let preallocated = map.max_entries * (16 + map.elem_bytes);
-        eprintln!(
-            "[test] {run}: {name} flags {:#x}, {} KiB of kernel memory (at least {} KiB \
-             preallocated)",
-            map.flags,
-            map.memlock / 1024,
-            preallocated / 1024
-        );
-        if on_update {
-            assert_eq!(map.flags & NO_PREALLOC, NO_PREALLOC, "{run}: {name}");
-            assert!(
-                map.memlock < preallocated,
-                "{run}: {name} takes {} bytes: preallocated ({preallocated} or more)",
-                map.memlock
-            );
-        } else {
-            assert_eq!(
-                map.flags & NO_PREALLOC,
-                0,
-                "{run}: {name} (kernel before 6.1)"
-            );
-        }
-    };
-    let socket = socket_data_hooks();
-    let auto = maps_while_tracing(&[]);
-    let run = format!("auto (socket hooks {socket})");
-    check_call_map(&auto, "ssl_calls", &run);
-    check_call_map(&auto, "cuda_calls", &run);
-    if socket {
-        assert!(!auto.contains_key("active_io"), "{run}: {:?}", auto.keys());
-    } else {
-        check_call_map(&auto, "active_io", &run);
-    }
-    let syscall = maps_while_tracing(&["--data-hooks", "syscall"]);
-    let run = "--data-hooks syscall";
-    check_call_map(&syscall, "active_io", run);
-    assert!(
-        !syscall.contains_key("send_starts"),
-        "{run}: {:?}",
-        syscall.keys()
-    );
 }
 
 /// `socket_at_return`: the socket hooks without the send-start hook (one
@@ -262,7 +190,7 @@ fn root_socket_hooks_without_the_send_start() {
         assert!(err.contains("6.3"), "{err}");
         return;
     }
-    let names = programs_while_tracing(&["--data-hooks", "socket_at_return"]);
+    let names = held_while_tracing(&["--data-hooks", "socket_at_return"]).programs;
     let run = "--data-hooks socket_at_return";
     assert_data_path(&names, &SOCKET_PROGRAMS, &SYSCALL_PROGRAMS, run);
     assert!(!holds(&names, SEND_START_PROGRAM), "{run}: {names:?}");
@@ -306,7 +234,7 @@ fn assert_data_path(names: &BTreeSet<String>, loaded: &[&str], absent: &[&str], 
 fn root_socket_hooks_asked_for_explicitly() {
     require_root("root_socket_hooks_asked_for_explicitly");
     if socket_data_hooks() {
-        let names = programs_while_tracing(&["--data-hooks", "socket"]);
+        let names = held_while_tracing(&["--data-hooks", "socket"]).programs;
         for p in SOCKET_PROGRAMS {
             assert!(
                 holds(&names, p),

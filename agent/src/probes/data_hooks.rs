@@ -182,7 +182,7 @@ impl DataHooksSetting {
 /// map only the other path uses: with the syscall hooks the socket hooks'
 /// task storage (`send_starts`; kernels before 5.11 have no task storage
 /// maps), with the socket hooks the syscall entries kept for their exits
-/// (`active_io`, 1-7 MiB of kernel memory for nothing).
+/// (`active_io`, 6.5 MiB of kernel memory for nothing).
 pub(super) fn select_data_programs(
     object: &mut libbpf_rs::OpenObject,
     hooks: DataHooks,

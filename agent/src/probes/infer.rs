@@ -69,7 +69,6 @@ impl InferProbes {
             .traced_tgids
             .reuse_fd(traced.as_fd())
             .context("sharing the pid filter")?;
-        super::map_memory::allocate_on_update([&mut open.maps.cuda_calls])?;
         let rodata = open
             .maps
             .rodata_data

@@ -7,7 +7,6 @@ mod data_hooks;
 mod failures;
 mod host;
 mod infer;
-mod map_memory;
 mod set;
 mod sock;
 mod uprobe_mode;

@@ -96,10 +96,6 @@ impl SockProbes {
             .events
             .set_max_entries(settings.ring_buffer_bytes)
             .context("sizing the ring buffer (must be a power of two multiple of the page size)")?;
-        super::map_memory::allocate_on_update([
-            &mut open.maps.ssl_calls,
-            &mut open.maps.active_io,
-        ])?;
 
         let mut skel = open.load().map_err(|err| {
             let message = super::load_failure("the socket BPF programs", &err);
