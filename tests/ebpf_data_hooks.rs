@@ -56,6 +56,15 @@ fn program_names(pid: u32) -> BTreeSet<String> {
         .collect()
 }
 
+/// Names of the BPF maps `pid` holds, each once (the probe objects share
+/// some).
+fn map_names(pid: u32) -> BTreeSet<String> {
+    map_ids(pid)
+        .into_iter()
+        .map(|id| str_field(&bpftool_show("map", id), "name").unwrap_or_default())
+        .collect()
+}
+
 /// What an agent held while tracing: the names of its BPF programs and
 /// maps.
 struct Held {
@@ -166,15 +175,6 @@ fn root_one_data_path_is_loaded() {
         !syscall_maps.contains("send_starts"),
         "{run}: {syscall_maps:?}"
     );
-}
-
-/// Names of the BPF maps `pid` holds, each once (the probe objects share
-/// some).
-fn map_names(pid: u32) -> BTreeSet<String> {
-    map_ids(pid)
-        .into_iter()
-        .map(|id| str_field(&bpftool_show("map", id), "name").unwrap_or_default())
-        .collect()
 }
 
 /// `socket_at_return`: the socket hooks without the send-start hook (one

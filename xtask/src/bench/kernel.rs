@@ -62,15 +62,18 @@ mod node_flood;
 
 const CLK_TCK: f64 = 100.0; // USER_HZ on Linux
 
+/// The number after `key` (e.g. `map_id:`) in an fdinfo text.
+fn fdinfo_field(text: &str, key: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// run_time_ns and run_cnt of each of `pid`'s BPF programs, by name.
 fn prog_stats(pid: u32) -> Result<BTreeMap<String, (u64, u64)>> {
     let mut by_id: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     for text in fdinfo(pid)? {
-        let field = |key: &str| {
-            text.lines()
-                .find_map(|l| l.strip_prefix(key))
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
+        let field = |key: &str| fdinfo_field(&text, key);
         if let (Some(id), Some(ns), Some(cnt)) =
             (field("prog_id:"), field("run_time_ns:"), field("run_cnt:"))
         {
@@ -221,14 +224,12 @@ fn rss_breakdown(pid: u32) -> Result<(u64, u64, u64)> {
 /// largest (the ring buffer). Each map once: the probe objects share the
 /// ring buffer and the pid filter, so the agent holds several fds of them.
 fn map_memlock_kib(pid: u32) -> Result<(u64, u64)> {
-    let field = |text: &str, name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse::<u64>().ok())
-    };
     let mut maps = BTreeMap::new();
     for text in fdinfo(pid)? {
-        if let (Some(id), Some(bytes)) = (field(&text, "map_id:"), field(&text, "memlock:")) {
+        if let (Some(id), Some(bytes)) = (
+            fdinfo_field(&text, "map_id:"),
+            fdinfo_field(&text, "memlock:"),
+        ) {
             maps.insert(id, bytes / 1024);
         }
     }
