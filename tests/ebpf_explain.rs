@@ -39,11 +39,13 @@ struct Rig {
 }
 
 impl Rig {
-    fn start(test: &str) -> Rig {
+    /// The agent run with `flags` besides the pids and the log level.
+    fn start(test: &str, flags: &[&str]) -> Rig {
         require_root(test);
         let server = start_infer_server();
         let mut args = Agent::for_pids(&server.pids());
         args.extend(["--log-level".to_string(), "info".to_string()]);
+        args.extend(flags.iter().map(|f| f.to_string()));
         let mut agent = start_agent(&args);
         // The CUDA runtime is mapped by the engine only: its uprobes (and
         // the USDT provider's) must be attached before any request runs.
@@ -208,10 +210,21 @@ fn assert_main_cause(title: &str, stall: &Value, cause: &str) {
 /// process and charges chunk 5's gap to `gpu_sync_ms`.
 #[test]
 fn sync_stall_before_token_5_is_gpu_sync_wait() {
-    const T: &str = "sync_stall";
-    let mut rig = Rig::start(T);
+    sync_stall("sync_stall", &[]);
+}
+
+/// The same with per-thread state in maps by thread id (what kernels
+/// without task storage for tracing programs get): the sync call in flight
+/// and the work enqueued before it.
+#[test]
+fn sync_stall_with_thread_state_in_maps() {
+    sync_stall("sync_stall_thread_maps", &["--thread-state", "maps"]);
+}
+
+fn sync_stall(test: &str, flags: &[&str]) {
+    let mut rig = Rig::start(test, flags);
     for round in 0..2 {
-        let title = format!("{T} #{round}");
+        let title = format!("{test} #{round}");
         let body = json!({"max_tokens": 16, "sync_stall": {"token": 5, "ms": 50}});
         let (c, a) = rig.run(&title, &[body]).remove(0);
         let truth = &c["x_truth"]["sync_stall"];
@@ -234,15 +247,15 @@ fn sync_stall_before_token_5_is_gpu_sync_wait() {
             "{title}: the sync reported the token's kernel and the injected one: {stall}"
         );
     }
-    rig.finish(T);
+    rig.finish(test);
 }
 
 /// (b) a 40 ms sleep before token 9: in the frontend (after the engine's
 /// llm:token mark, before the SSE write: the writer side of the gap) and in
 /// the engine (after its sync, before the mark: the producer side). Either
 /// way `off_cpu_ms` is the sleep and the reason `sleep`.
-fn sleep_stall(test: &str, place: &str) {
-    let mut rig = Rig::start(test);
+fn sleep_stall(test: &str, place: &str, flags: &[&str]) {
+    let mut rig = Rig::start(test, flags);
     for round in 0..2 {
         let title = format!("{test} #{round}");
         let body = json!({
@@ -287,12 +300,23 @@ fn sleep_stall(test: &str, place: &str) {
 
 #[test]
 fn sleep_stall_before_token_9_in_the_frontend_is_off_cpu_sleep() {
-    sleep_stall("sleep_stall_frontend", "frontend");
+    sleep_stall("sleep_stall_frontend", "frontend", &[]);
 }
 
 #[test]
 fn sleep_stall_before_token_9_in_the_engine_is_off_cpu_sleep() {
-    sleep_stall("sleep_stall_engine", "engine");
+    sleep_stall("sleep_stall_engine", "engine", &[]);
+}
+
+/// The same with per-thread state in maps by thread id: the switch-out
+/// kept for the switch-in.
+#[test]
+fn sleep_stall_with_thread_state_in_maps_is_off_cpu_sleep() {
+    sleep_stall(
+        "sleep_stall_thread_maps",
+        "engine",
+        &["--thread-state", "maps"],
+    );
 }
 
 /// (c) a 40-token request (20 ms prefill + 40 x 5 ms), then a second one
@@ -302,7 +326,7 @@ fn sleep_stall_before_token_9_in_the_engine_is_off_cpu_sleep() {
 #[test]
 fn queued_request_first_token_is_queue_wait() {
     const T: &str = "queue";
-    let mut rig = Rig::start(T);
+    let mut rig = Rig::start(T, &[]);
     for round in 0..2 {
         let title = format!("{T} #{round}");
         let pairs = rig.run(
@@ -355,7 +379,7 @@ fn queued_request_first_token_is_queue_wait() {
 fn nagle_hold_is_socket_time() {
     const T: &str = "nagle";
     const TOKEN: u64 = 12;
-    let mut rig = Rig::start(T);
+    let mut rig = Rig::start(T, &[]);
     for round in 0..2 {
         let title = format!("{T} #{round}");
         let capture = wire::Capture::start(rig.server.port);
@@ -427,7 +451,7 @@ fn nagle_hold_is_socket_time() {
 #[test]
 fn engine_usdt_joins_the_http_timeline_by_request_id() {
     const T: &str = "engine_join";
-    let mut rig = Rig::start(T);
+    let mut rig = Rig::start(T, &[]);
     for round in 0..2 {
         let title = format!("{T} #{round}");
         let pairs = rig.run(

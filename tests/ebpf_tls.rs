@@ -741,14 +741,33 @@ fn root_tls_uvicorn_many_connections_on_one_loop_keep_their_addresses() {
 #[test]
 fn root_tls_gathering_event_loop_never_takes_another_connections_addresses() {
     require_root("root_tls_gathering_event_loop_never_takes_another_connections_addresses");
-    let title = "TLS server reading a round of sockets before OpenSSL";
+    gathering_event_loop("TLS server reading a round of sockets before OpenSSL", &[]);
+}
+
+/// The same with per-thread state in maps by thread id (what kernels
+/// without task storage for tracing programs get): the thread's OpenSSL
+/// call in flight and its pending socket reads.
+#[test]
+fn root_tls_gathering_event_loop_with_thread_state_in_maps() {
+    require_root("root_tls_gathering_event_loop_with_thread_state_in_maps");
+    gathering_event_loop(
+        "TLS server reading a round of sockets, per-thread state in maps",
+        &["--thread-state", "maps"],
+    );
+}
+
+/// Connections one at a time, then in bursts, to the gathering server,
+/// traced by an agent run with `flags`.
+fn gathering_event_loop(title: &str, flags: &[&str]) {
     let load = BoxLoad::start();
     let tls = TlsDir::new("gathering");
     let server = StampingServer::start(
         "tests/servers/gathering_tls_server.py",
         &["--port", "0", "--cert", tls.cert(), "--key", tls.key()],
     );
-    let mut agent = start_agent_with_env(&Agent::for_pids(&[server.proc.pid()]), AGENT_ENV);
+    let mut args = Agent::for_pids(&[server.proc.pid()]);
+    args.extend(flags.iter().map(|f| f.to_string()));
+    let mut agent = start_agent_with_env(&args, AGENT_ENV);
     let burst = |rounds: &str, conns: &str, prefix: &str| -> Vec<Value> {
         let port = server.port.to_string();
         let run = Command::new(python())

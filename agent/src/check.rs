@@ -12,9 +12,9 @@ use libbpf_rs::OpenObject;
 use tokentrace_probes::check::CheckSkelBuilder;
 
 use crate::probes::{
-    check_hits, ensure_tracefs, has_capability, missing_required, missing_socket_tracepoints,
-    try_uprobe, HostUprobes, TracefsState, UprobeMode, UprobeModeSetting, CAP_BPF, CAP_PERFMON,
-    CAP_SYS_ADMIN,
+    check_hits, ensure_tracefs, has_capability, kernel_has_task_storage, missing_required,
+    missing_socket_tracepoints, try_uprobe, HostUprobes, TracefsState, UprobeMode,
+    UprobeModeSetting, CAP_BPF, CAP_PERFMON, CAP_SYS_ADMIN,
 };
 
 /// How much a missing feature matters.
@@ -192,6 +192,24 @@ fn data_hooks() -> CheckLine {
     }
 }
 
+/// Whether per-thread state can live in task storage (what
+/// `--thread-state auto` picks), or in preallocated maps.
+fn task_storage() -> CheckLine {
+    let ok = kernel_has_task_storage();
+    CheckLine {
+        name: "task storage",
+        ok,
+        need: Need::Optional,
+        detail: if ok {
+            "per-thread state in task storage: kernel memory only for traced threads".into()
+        } else {
+            "per-thread state in hash maps by thread id, preallocated (~37 MiB of kernel memory)"
+                .into()
+        },
+        fix: Some("Linux 6.4 or later".into()),
+    }
+}
+
 fn tracefs() -> CheckLine {
     let (ok, detail) = match ensure_tracefs() {
         Ok(TracefsState::AlreadyMounted(at)) => (true, format!("mounted at {at}")),
@@ -351,6 +369,7 @@ pub fn run_checks() -> Vec<CheckLine> {
         "needs BTF (CONFIG_DEBUG_INFO_BTF) and Linux 5.5 or later",
     ));
     lines.push(data_hooks());
+    lines.push(task_storage());
     lines.extend(uprobe_lines());
     lines.push(probe_line(
         "kprobes",

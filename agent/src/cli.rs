@@ -70,6 +70,13 @@ pub struct ProbeArgs {
     /// pays for.
     #[arg(long, value_enum, env = "TOKENTRACE_DATA_HOOKS")]
     pub data_hooks: Option<crate::probes::DataHooksSetting>,
+
+    /// Where the probes keep per-thread state (overrides
+    /// capture.thread_state): auto picks task storage where the kernel
+    /// offers it to tracing programs (Linux 6.4+), else hash maps by
+    /// thread id, preallocated (~37 MiB of kernel memory).
+    #[arg(long, value_enum, env = "TOKENTRACE_THREAD_STATE")]
+    pub thread_state: Option<crate::probes::ThreadStateSetting>,
 }
 
 #[derive(Debug, Clone, Args)]

@@ -89,6 +89,9 @@ pub struct CaptureConfig {
     /// tracepoints where the kernel has them, else the syscall hooks;
     /// `socket`, `socket_at_return`, `syscall`).
     pub data_hooks: crate::probes::DataHooksSetting,
+    /// Where the probes keep per-thread state (`auto`: task storage where
+    /// the kernel has it, else maps; `task_storage`, `maps`).
+    pub thread_state: crate::probes::ThreadStateSetting,
 }
 
 impl CaptureConfig {

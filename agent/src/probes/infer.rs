@@ -15,6 +15,7 @@ use tokentrace_probes::infer::{InferSkel, InferSkelBuilder};
 
 use super::attach::{self, Attached};
 use super::sock::SockProbes;
+use super::thread_state::{select_thread_maps, ThreadState};
 use super::uprobe_mode::UprobeMode;
 use crate::discover::libraries::Site;
 
@@ -48,6 +49,7 @@ impl InferProbes {
         wakeup_bytes: u64,
         agent_pid: u32,
         uprobe_mode: UprobeMode,
+        thread_state: ThreadState,
     ) -> Result<Self> {
         // Loaded once per run; see SockProbes::load for why it is leaked.
         let storage: &'static mut MaybeUninit<OpenObject> =
@@ -56,6 +58,7 @@ impl InferProbes {
             .open(storage)
             .context("opening the inference BPF object")?;
         super::uprobe_mode::prepare_uprobes(open.open_object_mut(), uprobe_mode);
+        select_thread_maps(open.open_object_mut(), thread_state)?;
         let (events, flags, traced) = sock.shared_maps();
         open.maps
             .events
@@ -77,6 +80,7 @@ impl InferProbes {
         rodata.offcpu_min_ns = offcpu_min_ns;
         rodata.wakeup_bytes = wakeup_bytes;
         rodata.agent_tgid = agent_pid;
+        rodata.task_storage = thread_state == ThreadState::TaskStorage;
         let skel = open.load().map_err(|err| {
             let message = super::load_failure("the inference BPF programs", &err);
             anyhow::Error::new(err).context(message)

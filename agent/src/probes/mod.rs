@@ -9,6 +9,7 @@ mod host;
 mod infer;
 mod set;
 mod sock;
+mod thread_state;
 mod uprobe_mode;
 mod uprobe_trial;
 mod verifier;
@@ -25,6 +26,7 @@ pub use set::{FileLinks, ProbeCommand, ProbeSet};
 pub use sock::{
     KernelCounters, KernelLosses, ProbeSettings, SockProbes, TracedPids, MAX_CAPTURE_BYTES,
 };
+pub use thread_state::{kernel_has_task_storage, ThreadState, ThreadStateSetting};
 pub use uprobe_mode::{HostUprobes, UprobeMode, UprobeModeSetting};
 pub use uprobe_trial::{check_hits, tokentrace_uprobe_check_target, try_uprobe};
 pub use verifier::{program_stats, ProgramStats, PRIVATE_STACK_MIN_BYTES};

@@ -56,6 +56,7 @@ impl ProbeSet {
             settings.wakeup_bytes,
             settings.agent_pid,
             settings.uprobe_mode,
+            settings.thread_state,
         );
         if let Err(err) = &infer {
             tracing::warn!("inference probes (USDT, CUDA, off-CPU) unavailable: {err:#}");

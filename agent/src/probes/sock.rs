@@ -11,6 +11,7 @@ use tokentrace_probes::sock::{types, SockSkel, SockSkelBuilder};
 
 use super::attach::{self, Attached};
 use super::data_hooks::{select_data_programs, DataHooks};
+use super::thread_state::{select_thread_maps, ThreadState};
 use super::uprobe_mode::UprobeMode;
 use crate::discover::libraries::Site;
 
@@ -41,6 +42,8 @@ pub struct ProbeSettings {
     pub uprobe_mode: UprobeMode,
     /// Which hooks feed the data path; only its programs are loaded.
     pub data_hooks: DataHooks,
+    /// Where per-thread state lives; only that kind's maps are created.
+    pub thread_state: ThreadState,
 }
 
 /// Loaded and attached socket probes. Dropping it detaches every program.
@@ -65,6 +68,7 @@ impl SockProbes {
         super::uprobe_mode::prepare_uprobes(open.open_object_mut(), settings.uprobe_mode);
         select_iov_programs(open.open_object_mut());
         select_data_programs(open.open_object_mut(), settings.data_hooks)?;
+        select_thread_maps(open.open_object_mut(), settings.thread_state)?;
         let rodata = open
             .maps
             .rodata_data
@@ -77,6 +81,7 @@ impl SockProbes {
         rodata.report_all_execs = settings.report_all_execs;
         rodata.report_listens = settings.report_listens;
         rodata.socket_hooks = matches!(settings.data_hooks, DataHooks::Socket { .. });
+        rodata.task_storage = settings.thread_state == ThreadState::TaskStorage;
 
         let cpus = libbpf_rs::num_possible_cpus().context("counting possible CPUs")?;
         let cpus = u32::try_from(cpus).context("CPU count does not fit u32")?;

@@ -13,6 +13,10 @@ use libbpf_rs::OpenObject;
 use tokentrace_probes::infer::InferSkelBuilder;
 use tokentrace_probes::sock::SockSkelBuilder;
 
+use super::thread_state::{
+    kernel_has_task_storage, select_thread_maps, ThreadState, ThreadStateSetting,
+};
+
 /// Programs with this much stack or more get a private per-CPU stack
 /// (kernel 6.13+, `BPF_PRIV_STACK_MIN_SIZE`).
 pub const PRIVATE_STACK_MIN_BYTES: u32 = 64;
@@ -57,8 +61,23 @@ pub fn program_stats() -> Result<Vec<ProgramStats>> {
     libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, collect)));
     let mut sock = MaybeUninit::<OpenObject>::uninit();
     let mut infer = MaybeUninit::<OpenObject>::uninit();
-    let loaded = load_with_stats(SockSkelBuilder::default(), &mut sock, "sock").and_then(|sock| {
-        let infer = load_with_stats(InferSkelBuilder::default(), &mut infer, "infer")?;
+    // The per-thread state as `--thread-state auto` keeps it on this kernel.
+    let thread_state = ThreadStateSetting::Auto.choose(kernel_has_task_storage())?;
+    let task_storage = thread_state == ThreadState::TaskStorage;
+    let loaded = load_with_stats(SockSkelBuilder::default(), &mut sock, "sock", |open| {
+        super::sock::select_iov_programs(open.open_object_mut());
+        // Both data paths where the kernel has the socket hooks' tracepoints.
+        super::data_hooks::select_loadable_programs(open.open_object_mut())?;
+        select_thread_maps(open.open_object_mut(), thread_state)?;
+        rodata(open.maps.rodata_data.as_deref_mut())?.task_storage = task_storage;
+        Ok(())
+    })
+    .and_then(|sock| {
+        let infer = load_with_stats(InferSkelBuilder::default(), &mut infer, "infer", |open| {
+            select_thread_maps(open.open_object_mut(), thread_state)?;
+            rodata(open.maps.rodata_data.as_deref_mut())?.task_storage = task_storage;
+            Ok(())
+        })?;
         Ok(sock.into_iter().chain(infer).collect::<Vec<_>>())
     });
     // libbpf's messages go back to the log whether or not both loaded.
@@ -80,22 +99,24 @@ pub fn program_stats() -> Result<Vec<ProgramStats>> {
         .collect())
 }
 
-/// Loads the object `builder` opens with every program's verifier
-/// statistics on (their load logs go to [`LOGS`]); returns each program's
-/// object, name and section.
+/// An object's `.rodata`, which every object has.
+fn rodata<T>(rodata: Option<&mut T>) -> Result<&mut T> {
+    rodata.context("BPF object has no .rodata")
+}
+
+/// Loads the object `builder` opens, after `configure`, with every
+/// program's verifier statistics on (their load logs go to [`LOGS`]);
+/// returns each program's object, name and section.
 fn load_with_stats<'obj, B: SkelBuilder<'obj>>(
     builder: B,
     storage: &'obj mut MaybeUninit<OpenObject>,
     object: &'static str,
+    configure: impl FnOnce(&mut B::Output) -> Result<()>,
 ) -> Result<Vec<(&'static str, (String, String))>> {
     let mut open = builder
         .open(storage)
         .with_context(|| format!("opening the {object} BPF object"))?;
-    if object == "sock" {
-        super::sock::select_iov_programs(open.open_object_mut());
-        // Both data paths where the kernel has the socket hooks' tracepoints.
-        super::data_hooks::select_loadable_programs(open.open_object_mut())?;
-    }
+    configure(&mut open)?;
     let programs = open
         .open_object_mut()
         .progs_mut()

@@ -32,8 +32,8 @@ use crate::model::trace_context::IdGenerator;
 use crate::output::RunSummary;
 use crate::pipeline::Pipeline;
 use crate::probes::{
-    ensure_tracefs, missing_socket_tracepoints, route_libbpf_logs, whom, DataHooks, HostUprobes,
-    ProbeSettings, UprobeMode,
+    ensure_tracefs, kernel_has_task_storage, missing_socket_tracepoints, route_libbpf_logs, whom,
+    DataHooks, HostUprobes, ProbeSettings, ThreadState, UprobeMode,
 };
 use crate::session::SessionHub;
 use crate::stitch::StitchStats;
@@ -118,6 +118,9 @@ fn validated(args: &RunArgs) -> Result<(Config, Selector)> {
     if let Some(hooks) = args.probes.data_hooks {
         config.capture.data_hooks = hooks;
     }
+    if let Some(state) = args.probes.thread_state {
+        config.capture.thread_state = state;
+    }
     config.discovery.allow_degraded |= args.allow_degraded;
     config.validate()?;
     let selector = selector(args)?;
@@ -156,6 +159,16 @@ fn data_hooks(config: &Config) -> Result<DataHooks> {
     Ok(hooks)
 }
 
+/// Where per-thread state lives for this kernel and the configured setting.
+fn thread_state(config: &Config) -> Result<ThreadState> {
+    let state = config
+        .capture
+        .thread_state
+        .choose(kernel_has_task_storage())?;
+    tracing::info!("per-thread state: {state}");
+    Ok(state)
+}
+
 /// Loads the probes; the events they record go to `events_tx`. With
 /// `--data-hooks auto`, socket hooks that fail to load or attach (a kernel
 /// whose verifier this agent was never run against) give way to the
@@ -176,6 +189,7 @@ fn start_ingest(
         report_listens: selector.is_automatic() || !selector.ports.is_empty(),
         uprobe_mode,
         data_hooks: data_hooks(config)?,
+        thread_state: thread_state(config)?,
     };
     let poll = config.capture.poll_interval;
     config.capture.data_hooks.start_with_fallback(

@@ -20,6 +20,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/usdt.bpf.h>
 #include "common.bpf.h"
+#include "thread_state.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -84,7 +85,15 @@ struct {
 	__type(value, struct cuda_work);
 } cuda_work SEC(".maps");
 
-/* A sync call in flight on a thread. */
+/* The same in task storage (thread_state.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct cuda_work);
+} task_cuda_work SEC(".maps");
+
+/* A sync call in flight on a thread (ts_enter 0: none). */
 struct cuda_call {
 	__u64 ts_enter;
 	__u64 handle;
@@ -99,14 +108,25 @@ struct {
 	__type(value, struct cuda_call);
 } cuda_calls SEC(".maps");
 
+/* The same in task storage (thread_state.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct cuda_call);
+} task_cuda_call SEC(".maps");
+
 static __always_inline struct cuda_work *work_of_thread(__u64 pid_tgid)
 {
-	struct cuda_work *work = bpf_map_lookup_elem(&cuda_work, &pid_tgid);
-	if (work)
-		return work;
-	struct cuda_work zero = {};
-	bpf_map_update_elem(&cuda_work, &pid_tgid, &zero, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&cuda_work, &pid_tgid);
+	return thread_state(&task_cuda_work, &cuda_work, NULL, &pid_tgid, true);
+}
+
+/* The sync call in flight on `task` (NULL: the current thread), or NULL. */
+static __always_inline struct cuda_call *cuda_call_of(struct task_struct *task, __u64 pid_tgid)
+{
+	struct cuda_call *c = thread_state(&task_cuda_call, &cuda_calls, task, &pid_tgid, false);
+
+	return c && c->ts_enter ? c : NULL;
 }
 
 static __always_inline int count_launch(bool graph, __u64 memcpy_bytes)
@@ -157,7 +177,7 @@ static __always_inline int sync_enter(__u32 call, __u64 handle)
 		.handle = handle,
 		.call = call,
 	};
-	bpf_map_update_elem(&cuda_calls, &pid_tgid, &c, BPF_ANY);
+	thread_state_put(&task_cuda_call, &cuda_calls, NULL, &pid_tgid, &c);
 	return 0;
 }
 
@@ -196,12 +216,15 @@ SEC("uretprobe")
 int BPF_URETPROBE(cuda_sync_exit)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct cuda_call *cp = bpf_map_lookup_elem(&cuda_calls, &pid_tgid);
+	struct cuda_call *cp = cuda_call_of(NULL, pid_tgid);
 
 	if (!cp)
 		return 0;
 	struct cuda_call c = *cp;
-	bpf_map_delete_elem(&cuda_calls, &pid_tgid);
+	if (task_storage)
+		cp->ts_enter = 0;
+	else
+		bpf_map_delete_elem(&cuda_calls, &pid_tgid);
 	struct tt_cuda_sync_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);
@@ -215,7 +238,7 @@ int BPF_URETPROBE(cuda_sync_exit)
 	e->kernel_launches = 0;
 	e->graph_launches = 0;
 	e->memcpy_bytes = 0;
-	struct cuda_work *work = bpf_map_lookup_elem(&cuda_work, &pid_tgid);
+	struct cuda_work *work = thread_state(&task_cuda_work, &cuda_work, NULL, &pid_tgid, false);
 	if (work) {
 		e->kernel_launches = __sync_lock_test_and_set(&work->kernel_launches, 0);
 		e->graph_launches = __sync_lock_test_and_set(&work->graph_launches, 0);
@@ -256,6 +279,14 @@ struct {
 	__type(value, struct offcpu_start);
 } offcpu_starts SEC(".maps");
 
+/* The same in task storage (thread_state.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct offcpu_start);
+} task_offcpu SEC(".maps");
+
 /* The syscall `task` is in, or -1 (preempted in user space or in an IRQ:
  * orig_ax holds the syscall number only on the syscall entry path). */
 static __always_inline __s64 current_syscall(struct task_struct *task)
@@ -283,9 +314,11 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 
 	if (prev_traced && !preempt && (prev_state & TT_TASK_DEAD)) {
 		/* Its last switch-out: the thread is gone, and a new thread the
-		 * kernel gives its id must not find a start from its death. */
+		 * kernel gives its id must not find a start from its death (task
+		 * storage goes with the task). */
 		__u32 tid = prev->pid;
-		bpf_map_delete_elem(&offcpu_starts, &tid);
+		if (!task_storage)
+			bpf_map_delete_elem(&offcpu_starts, &tid);
 	} else if (prev_traced) {
 		__u32 tid = prev->pid;
 		struct offcpu_start start = {
@@ -293,16 +326,12 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 			.state = preempt ? 0 : prev_state,
 			.preempted = preempt,
 		};
-		struct offcpu_start *slot = bpf_map_lookup_elem(&offcpu_starts, &tid);
-		if (slot)
-			*slot = start;
-		else
-			bpf_map_update_elem(&offcpu_starts, &tid, &start, BPF_ANY);
+		thread_state_put(&task_offcpu, &offcpu_starts, prev, &tid, &start);
 	}
 	if (!next_traced)
 		return 0;
 	__u32 next_tid = next->pid;
-	struct offcpu_start *start = bpf_map_lookup_elem(&offcpu_starts, &next_tid);
+	struct offcpu_start *start = thread_state(&task_offcpu, &offcpu_starts, next, &next_tid, false);
 	if (!start || !start->ts)
 		return 0;
 	struct offcpu_start s = *start;
@@ -326,7 +355,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->syscall = s.preempted ? -1 : current_syscall(next);
 	e->state = s.state;
 	__u64 next_pid_tgid = ((__u64)next_tgid << 32) | next_tid;
-	e->in_cuda_sync = bpf_map_lookup_elem(&cuda_calls, &next_pid_tgid) != NULL;
+	e->in_cuda_sync = cuda_call_of(next, next_pid_tgid) != NULL;
 	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }

@@ -17,6 +17,7 @@
 #include <bpf/bpf_core_read.h>
 #include <bpf/bpf_endian.h>
 #include "common.bpf.h"
+#include "thread_state.bpf.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -56,9 +57,9 @@ struct {
 	__type(value, struct io_args);
 } active_io SEC(".maps");
 
-/* An OpenSSL call in flight on a thread, from uprobe to uretprobe. While
- * it is there, socket syscalls of that thread are the call's own
- * ciphertext: they tie the SSL* to its fd and are not reported. */
+/* An OpenSSL call in flight on a thread, from uprobe to uretprobe (ts_enter
+ * 0: none). While it is there, socket syscalls of that thread are the
+ * call's own ciphertext: they tie the SSL* to its fd and are not reported. */
 struct ssl_call {
 	__u64 ssl;
 	__u64 buf;
@@ -82,6 +83,22 @@ struct {
 	__type(key, __u64);
 	__type(value, struct ssl_call);
 } ssl_calls SEC(".maps");
+
+/* The same in task storage (thread_state.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ssl_call);
+} task_ssl_call SEC(".maps");
+
+/* The OpenSSL call in flight on the current thread, or NULL. */
+static __always_inline struct ssl_call *ssl_call_of(__u64 pid_tgid)
+{
+	struct ssl_call *c = thread_state(&task_ssl_call, &ssl_calls, NULL, &pid_tgid, false);
+
+	return c && c->ts_enter ? c : NULL;
+}
 
 /* One byte per tgid, the shape of `traced_flags` (sized with it by the
  * agent; the probes alone write it): 1 once a thread of the process entered
@@ -160,6 +177,8 @@ struct last_read {
 	__u64 newest_ns;
 	/* Reads of `pending` lost because it was full: no "exactly one". */
 	__u32 overflow;
+	/* `pending` is set up (0: a new, zeroed entry whose fds read 0). */
+	__u32 slots_ready;
 	/* Socket reads not yet taken by an SSL_read since (fd -1: free slot),
 	 * with when their oldest and newest bytes arrived: an SSL_read from a
 	 * callback is dated by its own socket's read, not the latest. */
@@ -172,6 +191,22 @@ struct {
 	__type(key, __u64);
 	__type(value, struct last_read);
 } last_read SEC(".maps");
+
+/* The same in task storage (thread_state.bpf.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct last_read);
+} task_last_read SEC(".maps");
+
+_Static_assert(sizeof(struct last_read) <= THREAD_STATE_MAX_BYTES, "thread_state_zeros too small");
+
+/* The current thread's latest read, or NULL. */
+static __always_inline struct last_read *last_read_of(__u64 pid_tgid)
+{
+	return thread_state(&task_last_read, &last_read, NULL, &pid_tgid, false);
+}
 
 /* Per-CPU staging area for one data record: the fixed fields, then the
  * payload. Copies are bounded for the verifier with masks (clang reorders
@@ -245,28 +280,28 @@ static __always_inline bool tls_like(const struct io_args *a)
  * unless a handshake took that one. */
 static __always_inline void note_read(__u64 pid_tgid, __s32 fd, __u64 ingress, __u64 newest, bool tls)
 {
-	struct last_read *old = bpf_map_lookup_elem(&last_read, &pid_tgid);
-	struct last_read lr = {
-		.fd = fd,
-		.ingress_ns = ingress,
-		.newest_ns = newest,
-	};
+	struct last_read *lr = thread_state(&task_last_read, &last_read, NULL, &pid_tgid, true);
 
-	for (int i = 0; i < PENDING_READS; i++) {
-		if (old)
-			lr.pending[i] = old->pending[i];
-		else
-			lr.pending[i].fd = -1;
+	if (!lr)
+		return;
+	if (!lr->slots_ready) {
+		/* A new entry (zeroed): no pending reads. */
+		for (int i = 0; i < PENDING_READS; i++)
+			lr->pending[i].fd = -1;
+		lr->slots_ready = 1;
 	}
-	lr.overflow = old ? old->overflow : 0;
+	lr->fd = fd;
+	lr->after_handshake = 0;
+	lr->ingress_ns = ingress;
+	lr->newest_ns = newest;
 	if (tls) {
 		int idx = -1, free = -1, spare = -1;
 		for (int i = 0; i < PENDING_READS; i++) {
-			if (lr.pending[i].fd == fd)
+			if (lr->pending[i].fd == fd)
 				idx = i;
-			else if (lr.pending[i].fd < 0 && free < 0)
+			else if (lr->pending[i].fd < 0 && free < 0)
 				free = i;
-			else if (lr.pending[i].handshake_taken && spare < 0)
+			else if (lr->pending[i].handshake_taken && spare < 0)
 				spare = i;
 		}
 		/* A handshake's leftover (tied already, kept only to date what
@@ -275,15 +310,14 @@ static __always_inline void note_read(__u64 pid_tgid, __s32 fd, __u64 ingress, _
 			free = spare;
 		struct pending_read p = { .fd = fd, .ingress_ns = ingress, .newest_ns = newest };
 		if (idx >= 0) {
-			if (lr.pending[idx & (PENDING_READS - 1)].handshake_taken)
-				lr.pending[idx & (PENDING_READS - 1)] = p;
+			if (lr->pending[idx & (PENDING_READS - 1)].handshake_taken)
+				lr->pending[idx & (PENDING_READS - 1)] = p;
 		} else if (free >= 0) {
-			lr.pending[free & (PENDING_READS - 1)] = p;
+			lr->pending[free & (PENDING_READS - 1)] = p;
 		} else {
-			lr.overflow = 1;
+			lr->overflow = 1;
 		}
 	}
-	bpf_map_update_elem(&last_read, &pid_tgid, &lr, BPF_ANY);
 }
 
 /* The pending read of `fd`, or NULL. */
@@ -420,7 +454,7 @@ static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long
 			tls_walk_read(sk, st, a->buf, a->iovcnt, ret);
 	}
 
-	struct ssl_call *in_ssl = may_be_in_ssl(pid_tgid >> 32) ? bpf_map_lookup_elem(&ssl_calls, &pid_tgid) : NULL;
+	struct ssl_call *in_ssl = may_be_in_ssl(pid_tgid >> 32) ? ssl_call_of(pid_tgid) : NULL;
 	if (in_ssl) {
 		/* Ciphertext of an OpenSSL call on this thread: remember which
 		 * socket the SSL* uses; the plaintext is reported by the uprobe. */
@@ -509,7 +543,7 @@ static __always_inline int exit_accept(long ret)
 static __always_inline int enter_close(__u64 pid_tgid, int fd)
 {
 	/* A read nobody will consume: it must not keep "exactly one" away. */
-	struct last_read *lr = bpf_map_lookup_elem(&last_read, &pid_tgid);
+	struct last_read *lr = last_read_of(pid_tgid);
 	if (lr)
 		consume_read(lr, fd);
 	return emit_conn(TT_EVENT_CLOSE, fd);
@@ -656,7 +690,7 @@ static __always_inline int ssl_enter(struct pt_regs *ctx, __u8 call, __u8 direct
 		.call = call,
 		.direction = direction,
 	};
-	bpf_map_update_elem(&ssl_calls, &pid_tgid, &c, BPF_ANY);
+	thread_state_put(&task_ssl_call, &ssl_calls, NULL, &pid_tgid, &c);
 	return 0;
 }
 
@@ -762,7 +796,7 @@ static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last
 static __always_inline int ssl_return(long ret)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct ssl_call *cp = bpf_map_lookup_elem(&ssl_calls, &pid_tgid);
+	struct ssl_call *cp = ssl_call_of(pid_tgid);
 	__u64 len = 0;
 
 	if (!cp)
@@ -772,12 +806,15 @@ static __always_inline int ssl_return(long ret)
 	 * or SSL_write wanting I/O on a non-blocking socket, as nginx's do)
 	 * comes back as rax = 0xffffffff, which as a long is a 4 GiB read. */
 	int rc = (int)ret;
-	bpf_map_delete_elem(&ssl_calls, &pid_tgid);
+	if (task_storage)
+		cp->ts_enter = 0;
+	else
+		bpf_map_delete_elem(&ssl_calls, &pid_tgid);
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
 	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
 	/* Reads and handshakes take the thread's socket reads: which fd an
 	 * untied SSL* uses (see struct last_read), and when its bytes came. */
-	struct last_read *lr = c.direction == TT_DIR_INGRESS ? bpf_map_lookup_elem(&last_read, &pid_tgid) : NULL;
+	struct last_read *lr = c.direction == TT_DIR_INGRESS ? last_read_of(pid_tgid) : NULL;
 	__s32 tie = -1;
 	struct pending_read taken = { .fd = -1 };
 	if (lr) {
