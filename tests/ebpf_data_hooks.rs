@@ -66,10 +66,11 @@ fn map_names(pid: u32) -> BTreeSet<String> {
 }
 
 /// What an agent held while tracing: the names of its BPF programs and
-/// maps.
+/// maps; and the per-thread state its probes could not create (summary).
 struct Held {
     programs: BTreeSet<String>,
     maps: BTreeSet<String>,
+    thread_state_misses: u64,
 }
 
 /// Traces a stdlib SSE server with `flags`, sends a few streaming
@@ -79,10 +80,7 @@ fn held_while_tracing(flags: &[&str]) -> Held {
     let mut args = Agent::for_pids(&[server.pid()]);
     args.extend(flags.iter().map(|f| f.to_string()));
     let mut agent = start_agent(&args);
-    let held = Held {
-        programs: program_names(agent.proc.pid()),
-        maps: map_names(agent.proc.pid()),
-    };
+    let (programs, maps) = (program_names(agent.proc.pid()), map_names(agent.proc.pid()));
     let mut run = ClientRun::sse(3, 1, "hooks-");
     run.tokens = 3; // 3 token events and the usage event: 4 chunks
     let client = run_client(server.port, &run);
@@ -116,7 +114,14 @@ fn held_while_tracing(flags: &[&str]) -> Held {
         stop.is_some_and(|s| s.success()),
         "{flags:?}: agent exit {stop:?}"
     );
-    held
+    Held {
+        programs,
+        maps,
+        thread_state_misses: agent
+            .summary_part("/tokentrace_summary/thread_state_misses")
+            .as_u64()
+            .unwrap_or_else(|| panic!("{flags:?}: no thread_state_misses in the summary")),
+    }
 }
 
 fn holds(names: &BTreeSet<String>, program: &str) -> bool {
@@ -134,6 +139,7 @@ fn root_one_data_path_is_loaded() {
     let Held {
         programs: auto,
         maps: auto_maps,
+        ..
     } = held_while_tracing(&[]);
     eprintln!("[test] socket hooks on this kernel: {socket}; auto loads {auto:?}, {auto_maps:?}");
     let run = format!("auto (socket hooks {socket})");
@@ -168,6 +174,7 @@ fn root_one_data_path_is_loaded() {
     let Held {
         programs: syscall,
         maps: syscall_maps,
+        ..
     } = held_while_tracing(&["--data-hooks", "syscall"]);
     let run = "--data-hooks syscall";
     assert_data_path(&syscall, &SYSCALL_PROGRAMS, &SOCKET_PROGRAMS, run);
@@ -266,8 +273,15 @@ fn root_socket_hooks_asked_for_explicitly() {
 fn root_per_thread_state_in_task_storage_or_maps() {
     require_root("root_per_thread_state_in_task_storage_or_maps");
     let task_storage = kernel_release_at_least(6, 4);
-    let auto = held_while_tracing(&[]).maps;
-    let maps = held_while_tracing(&["--thread-state", "maps"]).maps;
+    let auto = held_while_tracing(&[]);
+    let by_thread = held_while_tracing(&["--thread-state", "maps"]);
+    // A handful of threads: every one got its entries.
+    assert_eq!(
+        (auto.thread_state_misses, by_thread.thread_state_misses),
+        (0, 0),
+        "per-thread state the probes could not create (auto, maps)"
+    );
+    let (auto, maps) = (auto.maps, by_thread.maps);
     for (task_map, thread_map) in [
         ("task_last_read", "last_read"),
         ("task_ssl_call", "ssl_calls"),

@@ -79,6 +79,9 @@ pub struct RunSummary {
     /// Incoming segments dated by the arrival of a later one, because
     /// their socket's arrival slots were full (see sock_state.bpf.h).
     pub ingress_segs_merged: u64,
+    /// Per-thread state the probes needed and could not get (a thread's
+    /// latest read, call in flight or switch-out: see thread_state.bpf.h).
+    pub thread_state_misses: u64,
     pub stitch: StitchStats,
     /// The hop join's counters.
     pub hops: HopStats,
@@ -184,6 +187,7 @@ struct SummaryJson<'a> {
     tls_walks_lost: u64,
     tls_queue_full: u64,
     ingress_segs_merged: u64,
+    thread_state_misses: u64,
     inference: InferenceJson,
     stitch: &'a StitchStats,
     hops: &'a HopStats,
@@ -219,6 +223,7 @@ impl RunSummary {
             tls_walks_lost: self.tls_walks_lost,
             tls_queue_full: self.tls_queue_full,
             ingress_segs_merged: self.ingress_segs_merged,
+            thread_state_misses: self.thread_state_misses,
             inference: InferenceJson {
                 usdt_events: inf.usdt_events,
                 cuda_syncs: inf.cuda_syncs,
@@ -264,6 +269,14 @@ impl fmt::Display for RunSummary {
                 f,
                 "  untraced: {} forked children (the kernel's pid filter is full: 8192 processes)",
                 self.untraced_forks
+            )?;
+        }
+        if self.thread_state_misses > 0 {
+            writeln!(
+                f,
+                "  per-thread state: {} entries the probes could not create (those threads' \
+                 off-CPU intervals, CUDA syncs or read dating missed)",
+                self.thread_state_misses
             )?;
         }
         if self.probe_attach_failures > 0 {

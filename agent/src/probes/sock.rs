@@ -413,6 +413,9 @@ pub struct KernelLosses {
     /// Incoming segments dated together with later ones: a socket's
     /// arrival slots were all unread (see sock_state.bpf.h).
     pub ingress_segs_merged: u64,
+    /// Per-thread state a thread needed and could not get (see
+    /// thread_state.bpf.h), of both probe objects.
+    pub thread_state_misses: u64,
 }
 
 impl KernelLosses {
@@ -439,18 +442,18 @@ impl KernelCounters {
             .context("probes' .bss is empty")?;
         let counters = plain::from_bytes::<types::bss>(&bss)
             .map_err(|err| anyhow::anyhow!("probes' .bss has an unexpected layout: {err:?}"))?;
-        let infer_ringbuf_drops = match &self.infer {
-            None => 0,
+        let (infer_ringbuf_drops, infer_thread_state_misses) = match &self.infer {
+            None => (0, 0),
             Some(map) => {
                 let bss = map
                     .lookup(&0u32.to_ne_bytes(), MapFlags::ANY)
                     .context("reading the inference probes' .bss counters")?
                     .context("inference probes' .bss is empty")?;
-                plain::from_bytes::<tokentrace_probes::infer::types::bss>(&bss)
+                let infer = plain::from_bytes::<tokentrace_probes::infer::types::bss>(&bss)
                     .map_err(|err| {
                         anyhow::anyhow!("inference probes' .bss has an unexpected layout: {err:?}")
-                    })?
-                    .ringbuf_drops
+                    })?;
+                (infer.ringbuf_drops, infer.thread_state_misses)
             }
         };
         Ok(KernelLosses {
@@ -461,6 +464,7 @@ impl KernelCounters {
             tls_walks_lost: counters.tls_walk_lost,
             tls_queue_full: counters.tls_queue_full,
             ingress_segs_merged: counters.ingress_segs_merged,
+            thread_state_misses: counters.thread_state_misses + infer_thread_state_misses,
         })
     }
 }

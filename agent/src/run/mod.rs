@@ -438,6 +438,7 @@ fn finish(
     summary.tls_walks_lost = losses.tls_walks_lost;
     summary.tls_queue_full = losses.tls_queue_full;
     summary.ingress_segs_merged = losses.ingress_segs_merged;
+    summary.thread_state_misses = losses.thread_state_misses;
     summary.probe_attach_failures = ingest.attach_failures.counts().iter().flatten().sum();
     summary.channel_drops = ingest.stats.channel_drops.load(Ordering::Relaxed);
     summary.channel_waits = ingest.stats.channel_waits.load(Ordering::Relaxed);

@@ -26,6 +26,11 @@ const volatile bool task_storage = false;
 /* The largest per-thread value (struct last_read). */
 #define THREAD_STATE_MAX_BYTES 128
 
+/* Entries a thread needed and could not get, read by the agent: a map by
+ * thread id full, or task storage refused (out of memory, or its per-CPU
+ * lock held by a program this one interrupted). */
+__u64 thread_state_misses = 0;
+
 /* What a map entry is created from. */
 static const char thread_state_zeros[THREAD_STATE_MAX_BYTES];
 
@@ -36,16 +41,22 @@ static const char thread_state_zeros[THREAD_STATE_MAX_BYTES];
 static __always_inline void *thread_state(void *task_map, void *tid_map, struct task_struct *task,
 					  const void *key, bool create)
 {
+	void *state;
+
 	if (task_storage) {
 		if (!task)
 			task = bpf_get_current_task_btf();
-		return bpf_task_storage_get(task_map, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+		state = bpf_task_storage_get(task_map, task, 0, create ? BPF_LOCAL_STORAGE_GET_F_CREATE : 0);
+	} else {
+		state = bpf_map_lookup_elem(tid_map, key);
+		if (state || !create)
+			return state;
+		bpf_map_update_elem(tid_map, key, thread_state_zeros, BPF_NOEXIST);
+		state = bpf_map_lookup_elem(tid_map, key);
 	}
-	void *state = bpf_map_lookup_elem(tid_map, key);
-	if (state || !create)
-		return state;
-	bpf_map_update_elem(tid_map, key, thread_state_zeros, BPF_NOEXIST);
-	return bpf_map_lookup_elem(tid_map, key);
+	if (!state && create)
+		__sync_fetch_and_add(&thread_state_misses, 1);
+	return state;
 }
 
 /* Sets the entry of `task` (NULL: the current thread) to *value, creating
@@ -58,8 +69,8 @@ static __always_inline void *thread_state(void *task_map, void *tid_map, struct 
 		typeof(value) slot_ = thread_state(task_map, tid_map, task, key, task_storage);    \
 		if (slot_)                                                                         \
 			*slot_ = *(value);                                                         \
-		else if (!task_storage)                                                            \
-			bpf_map_update_elem(tid_map, key, value, BPF_ANY);                         \
+		else if (!task_storage && bpf_map_update_elem(tid_map, key, value, BPF_ANY))      \
+			__sync_fetch_and_add(&thread_state_misses, 1);                             \
 	})
 
 #endif
