@@ -363,7 +363,7 @@ pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> 
         median(&mut ready_ms),
     ));
     out.push_str(&format!(
-        "agent peak RSS {rss} KiB: ring buffer and map mmaps {bpf_kib} KiB, heap and anonymous {anon_kib} KiB, binary and other file mappings {other_kib} KiB (resident at the peak round's end); kernel memory of its maps {memlock} KiB (ring buffer {ring} KiB); about {} KiB without the ring buffer's second mapping (libbpf maps its data pages twice, so that a record that wraps reads in one piece, and the kernel maps every page at mmap: the same memory counted twice)\n",
+        "agent peak RSS {rss} KiB: ring buffer and map mmaps {bpf_kib} KiB, heap and anonymous {anon_kib} KiB, binary and other file mappings {other_kib} KiB (resident at the peak round's end); kernel memory of its maps {memlock} KiB (ring buffer {ring} KiB; task storage entries, a few hundred bytes per traced thread, are allocated as threads need them and not in this figure); about {} KiB without the ring buffer's second mapping (libbpf maps its data pages twice, so that a record that wraps reads in one piece, and the kernel maps every page at mmap: the same memory counted twice)\n",
         rss.saturating_sub(ring)
     ));
 
