@@ -86,12 +86,7 @@ struct {
 } cuda_work SEC(".maps");
 
 /* The same in task storage (thread_state.bpf.h). */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct cuda_work);
-} task_cuda_work SEC(".maps");
+TASK_STORAGE_MAP(task_cuda_work, struct cuda_work);
 
 /* A sync call in flight on a thread (ts_enter 0: none). */
 struct cuda_call {
@@ -109,12 +104,7 @@ struct {
 } cuda_calls SEC(".maps");
 
 /* The same in task storage (thread_state.bpf.h). */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct cuda_call);
-} task_cuda_call SEC(".maps");
+TASK_STORAGE_MAP(task_cuda_call, struct cuda_call);
 
 static __always_inline struct cuda_work *work_of_thread(__u64 pid_tgid)
 {
@@ -280,12 +270,7 @@ struct {
 } offcpu_starts SEC(".maps");
 
 /* The same in task storage (thread_state.bpf.h). */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct offcpu_start);
-} task_offcpu SEC(".maps");
+TASK_STORAGE_MAP(task_offcpu, struct offcpu_start);
 
 /* The syscall `task` is in, or -1 (preempted in user space or in an IRQ:
  * orig_ax holds the syscall number only on the syscall entry path). */

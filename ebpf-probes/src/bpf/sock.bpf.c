@@ -85,12 +85,7 @@ struct {
 } ssl_calls SEC(".maps");
 
 /* The same in task storage (thread_state.bpf.h). */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct ssl_call);
-} task_ssl_call SEC(".maps");
+TASK_STORAGE_MAP(task_ssl_call, struct ssl_call);
 
 /* The OpenSSL call in flight on the current thread, or NULL. */
 static __always_inline struct ssl_call *ssl_call_of(__u64 pid_tgid)
@@ -193,12 +188,7 @@ struct {
 } last_read SEC(".maps");
 
 /* The same in task storage (thread_state.bpf.h). */
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct last_read);
-} task_last_read SEC(".maps");
+TASK_STORAGE_MAP(task_last_read, struct last_read);
 
 _Static_assert(sizeof(struct last_read) <= THREAD_STATE_MAX_BYTES, "thread_state_zeros too small");
 

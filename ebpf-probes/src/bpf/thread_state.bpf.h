@@ -23,6 +23,15 @@
 /* Set by the agent before load. */
 const volatile bool task_storage = false;
 
+/* The task storage twin of a per-thread map: `name` holding `entry`s. */
+#define TASK_STORAGE_MAP(name, entry)                                                             \
+	struct {                                                                                   \
+		__uint(type, BPF_MAP_TYPE_TASK_STORAGE);                                           \
+		__uint(map_flags, BPF_F_NO_PREALLOC);                                              \
+		__type(key, int);                                                                  \
+		__type(value, entry);                                                              \
+	} name SEC(".maps")
+
 /* The largest per-thread value (struct last_read). */
 #define THREAD_STATE_MAX_BYTES 128
 
