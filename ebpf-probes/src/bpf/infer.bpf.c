@@ -106,15 +106,15 @@ struct {
 /* The same in task storage (thread_state.bpf.h). */
 TASK_STORAGE_MAP(task_cuda_call, struct cuda_call);
 
-static __always_inline struct cuda_work *work_of_thread(__u64 pid_tgid)
+static __always_inline struct cuda_work *work_of_thread(const __u64 *pid_tgid)
 {
-	return thread_state(&task_cuda_work, &cuda_work, NULL, &pid_tgid, true);
+	return thread_state(&task_cuda_work, &cuda_work, NULL, pid_tgid, true);
 }
 
 /* The sync call in flight on `task` (NULL: the current thread), or NULL. */
-static __always_inline struct cuda_call *cuda_call_of(struct task_struct *task, __u64 pid_tgid)
+static __always_inline struct cuda_call *cuda_call_of(struct task_struct *task, const __u64 *pid_tgid)
 {
-	struct cuda_call *c = thread_state(&task_cuda_call, &cuda_calls, task, &pid_tgid, false);
+	struct cuda_call *c = thread_state(&task_cuda_call, &cuda_calls, task, pid_tgid, false);
 
 	return c && c->ts_enter ? c : NULL;
 }
@@ -125,7 +125,7 @@ static __always_inline int count_launch(bool graph, __u64 memcpy_bytes)
 
 	if (!is_traced(pid_tgid >> 32))
 		return 0;
-	struct cuda_work *work = work_of_thread(pid_tgid);
+	struct cuda_work *work = work_of_thread(&pid_tgid);
 	if (!work)
 		return 0;
 	if (memcpy_bytes)
@@ -206,7 +206,7 @@ SEC("uretprobe")
 int BPF_URETPROBE(cuda_sync_exit)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct cuda_call *cp = cuda_call_of(NULL, pid_tgid);
+	struct cuda_call *cp = cuda_call_of(NULL, &pid_tgid);
 
 	if (!cp)
 		return 0;
@@ -340,7 +340,7 @@ int BPF_PROG(on_sched_switch, bool preempt, struct task_struct *prev, struct tas
 	e->syscall = s.preempted ? -1 : current_syscall(next);
 	e->state = s.state;
 	__u64 next_pid_tgid = ((__u64)next_tgid << 32) | next_tid;
-	e->in_cuda_sync = cuda_call_of(next, next_pid_tgid) != NULL;
+	e->in_cuda_sync = cuda_call_of(next, &next_pid_tgid) != NULL;
 	bpf_ringbuf_submit(e, wakeup_flags(sizeof(*e)));
 	return 0;
 }

@@ -88,9 +88,9 @@ struct {
 TASK_STORAGE_MAP(task_ssl_call, struct ssl_call);
 
 /* The OpenSSL call in flight on the current thread, or NULL. */
-static __always_inline struct ssl_call *ssl_call_of(__u64 pid_tgid)
+static __always_inline struct ssl_call *ssl_call_of(const __u64 *pid_tgid)
 {
-	struct ssl_call *c = thread_state(&task_ssl_call, &ssl_calls, NULL, &pid_tgid, false);
+	struct ssl_call *c = thread_state(&task_ssl_call, &ssl_calls, NULL, pid_tgid, false);
 
 	return c && c->ts_enter ? c : NULL;
 }
@@ -193,9 +193,9 @@ TASK_STORAGE_MAP(task_last_read, struct last_read);
 _Static_assert(sizeof(struct last_read) <= THREAD_STATE_MAX_BYTES, "thread_state_zeros too small");
 
 /* The current thread's latest read, or NULL. */
-static __always_inline struct last_read *last_read_of(__u64 pid_tgid)
+static __always_inline struct last_read *last_read_of(const __u64 *pid_tgid)
 {
-	return thread_state(&task_last_read, &last_read, NULL, &pid_tgid, false);
+	return thread_state(&task_last_read, &last_read, NULL, pid_tgid, false);
 }
 
 /* Per-CPU staging area for one data record: the fixed fields, then the
@@ -444,7 +444,7 @@ static __always_inline int io_done(__u64 pid_tgid, const struct io_args *a, long
 			tls_walk_read(sk, st, a->buf, a->iovcnt, ret);
 	}
 
-	struct ssl_call *in_ssl = may_be_in_ssl(pid_tgid >> 32) ? ssl_call_of(pid_tgid) : NULL;
+	struct ssl_call *in_ssl = may_be_in_ssl(pid_tgid >> 32) ? ssl_call_of(&pid_tgid) : NULL;
 	if (in_ssl) {
 		/* Ciphertext of an OpenSSL call on this thread: remember which
 		 * socket the SSL* uses; the plaintext is reported by the uprobe. */
@@ -533,7 +533,7 @@ static __always_inline int exit_accept(long ret)
 static __always_inline int enter_close(__u64 pid_tgid, int fd)
 {
 	/* A read nobody will consume: it must not keep "exactly one" away. */
-	struct last_read *lr = last_read_of(pid_tgid);
+	struct last_read *lr = last_read_of(&pid_tgid);
 	if (lr)
 		consume_read(lr, fd);
 	return emit_conn(TT_EVENT_CLOSE, fd);
@@ -786,7 +786,7 @@ static __always_inline int handshake_done(__u64 ssl, __u64 pid_tgid, struct last
 static __always_inline int ssl_return(long ret)
 {
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct ssl_call *cp = ssl_call_of(pid_tgid);
+	struct ssl_call *cp = ssl_call_of(&pid_tgid);
 	__u64 len = 0;
 
 	if (!cp)
@@ -804,7 +804,7 @@ static __always_inline int ssl_return(long ret)
 	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
 	/* Reads and handshakes take the thread's socket reads: which fd an
 	 * untied SSL* uses (see struct last_read), and when its bytes came. */
-	struct last_read *lr = c.direction == TT_DIR_INGRESS ? last_read_of(pid_tgid) : NULL;
+	struct last_read *lr = c.direction == TT_DIR_INGRESS ? last_read_of(&pid_tgid) : NULL;
 	__s32 tie = -1;
 	struct pending_read taken = { .fd = -1 };
 	if (lr) {

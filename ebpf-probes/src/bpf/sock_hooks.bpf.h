@@ -286,7 +286,7 @@ static __always_inline void closed_by_owner(struct sock *sk, struct sock_state *
 	if (SYSCALL_NR(regs) != TT_NR_CLOSE || st->fd != fd)
 		return;
 	__u64 pid_tgid = bpf_get_current_pid_tgid();
-	struct last_read *lr = last_read_of(pid_tgid);
+	struct last_read *lr = last_read_of(&pid_tgid);
 	if (lr)
 		consume_read(lr, fd);
 	send_conn(TT_EVENT_CLOSE, sk, st->sock_ino, fd, NULL);
