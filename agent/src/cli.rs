@@ -263,21 +263,30 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::probes::{DataHooksSetting, UprobeModeSetting};
+    use crate::probes::{DataHooksSetting, ThreadStateSetting, UprobeModeSetting};
 
     #[test]
     fn run_and_record_take_the_same_probe_flags() {
-        let flags = ["--data-hooks", "syscall", "--uprobe-mode", "tracefs"];
+        let flags = [
+            "--data-hooks",
+            "syscall",
+            "--uprobe-mode",
+            "tracefs",
+            "--thread-state",
+            "maps",
+        ];
         let expected = (
             Some(DataHooksSetting::Syscall),
             Some(UprobeModeSetting::Tracefs),
+            Some(ThreadStateSetting::Maps),
         );
         let run = Cli::try_parse_from(["tokentrace", "run", "--pid", "1"].into_iter().chain(flags))
             .expect("run parses");
         let Command::Run(run) = run.command else {
             panic!("not run");
         };
-        assert_eq!((run.probes.data_hooks, run.probes.uprobe_mode), expected);
+        let probes = |p: &ProbeArgs| (p.data_hooks, p.uprobe_mode, p.thread_state);
+        assert_eq!(probes(&run.probes), expected);
         let record = Cli::try_parse_from(
             ["tokentrace", "record", "--pid", "1", "--out", "/tmp/x"]
                 .into_iter()
@@ -287,9 +296,6 @@ mod tests {
         let Command::Record(record) = record.command else {
             panic!("not record");
         };
-        assert_eq!(
-            (record.probes.data_hooks, record.probes.uprobe_mode),
-            expected
-        );
+        assert_eq!(probes(&record.probes), expected);
     }
 }
