@@ -6,7 +6,8 @@
  * other out, and the verifier drops the code that would use it):
  *
  * - task storage (`task_*`) where the kernel offers it to tracing
- *   programs (the agent probes for bpf_task_storage_get): memory only for
+ *   programs and allocates it from any context, sched_switch's included
+ *   (6.4+; the agent checks, see probes/thread_state.rs): memory only for
  *   the threads that keep some, freed with the thread, never evicted, and
  *   found through the task itself rather than by hashing its id;
  * - elsewhere a hash map keyed by the thread, preallocated to its
