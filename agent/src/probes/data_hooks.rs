@@ -19,8 +19,10 @@
 
 use std::fmt;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Deserialize;
+
+use super::leave_out;
 
 /// The hooks a run's data path uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,7 +189,7 @@ pub(super) fn select_data_programs(
     object: &mut libbpf_rs::OpenObject,
     hooks: DataHooks,
 ) -> Result<()> {
-    leave_out(object, |name| {
+    leave_out::programs(object, |name| {
         let any_path = DataHooks::Socket { send_start: true }
             .programs()
             .iter()
@@ -200,13 +202,7 @@ pub(super) fn select_data_programs(
     } else {
         "active_io"
     };
-    for mut map in object.maps_mut() {
-        if map.name() == other_paths_map {
-            map.set_autocreate(false)
-                .with_context(|| format!("leaving the {other_paths_map} map out"))?;
-        }
-    }
-    Ok(())
+    leave_out::maps(object, |name| name == other_paths_map)
 }
 
 /// Every data program this kernel can load (`tokentrace check
@@ -218,18 +214,9 @@ pub(super) fn select_loadable_programs(object: &mut libbpf_rs::OpenObject) -> Re
         return select_data_programs(object, DataHooks::Syscall);
     }
     if missing.contains(&SEND_START_TRACEPOINT) {
-        leave_out(object, |name| name == SEND_START_PROGRAM);
+        leave_out::programs(object, |name| name == SEND_START_PROGRAM);
     }
     Ok(())
-}
-
-/// Does not load the programs of `object` whose names `unwanted` picks.
-fn leave_out(object: &mut libbpf_rs::OpenObject, unwanted: impl Fn(&str) -> bool) {
-    for mut program in object.progs_mut() {
-        if unwanted(&program.name().to_string_lossy()) {
-            program.set_autoload(false);
-        }
-    }
 }
 
 #[cfg(test)]

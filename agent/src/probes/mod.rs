@@ -7,6 +7,7 @@ mod data_hooks;
 mod failures;
 mod host;
 mod infer;
+mod leave_out;
 mod set;
 mod sock;
 mod thread_state;

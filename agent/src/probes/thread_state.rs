@@ -12,8 +12,10 @@
 
 use std::fmt;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde::Deserialize;
+
+use super::leave_out;
 
 /// Where a run keeps per-thread state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,14 +156,7 @@ pub(super) fn select_thread_maps(
     state: ThreadState,
 ) -> Result<()> {
     let left_out = state.other().maps();
-    for mut map in object.maps_mut() {
-        let name = map.name().to_string_lossy().into_owned();
-        if left_out.contains(&name.as_str()) {
-            map.set_autocreate(false)
-                .with_context(|| format!("leaving the {name} map out"))?;
-        }
-    }
-    Ok(())
+    leave_out::maps(object, |name| left_out.contains(&name))
 }
 
 #[cfg(test)]

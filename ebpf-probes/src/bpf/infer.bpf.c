@@ -114,9 +114,7 @@ static __always_inline struct cuda_work *work_of_thread(const __u64 *pid_tgid)
 /* The sync call in flight on `task` (NULL: the current thread), or NULL. */
 static __always_inline struct cuda_call *cuda_call_of(struct task_struct *task, const __u64 *pid_tgid)
 {
-	struct cuda_call *c = thread_state(&task_cuda_call, &cuda_calls, task, pid_tgid, false);
-
-	return c && c->ts_enter ? c : NULL;
+	return thread_call_of(struct cuda_call, &task_cuda_call, &cuda_calls, task, pid_tgid);
 }
 
 static __always_inline int count_launch(bool graph, __u64 memcpy_bytes)
@@ -211,10 +209,7 @@ int BPF_URETPROBE(cuda_sync_exit)
 	if (!cp)
 		return 0;
 	struct cuda_call c = *cp;
-	if (task_storage)
-		cp->ts_enter = 0;
-	else
-		bpf_map_delete_elem(&cuda_calls, &pid_tgid);
+	thread_call_end(&cuda_calls, &pid_tgid, cp);
 	struct tt_cuda_sync_event *e = bpf_ringbuf_reserve(&events, sizeof(*e), 0);
 	if (!e) {
 		__sync_fetch_and_add(&ringbuf_drops, 1);

@@ -90,9 +90,7 @@ TASK_STORAGE_MAP(task_ssl_call, struct ssl_call);
 /* The OpenSSL call in flight on the current thread, or NULL. */
 static __always_inline struct ssl_call *ssl_call_of(const __u64 *pid_tgid)
 {
-	struct ssl_call *c = thread_state(&task_ssl_call, &ssl_calls, NULL, pid_tgid, false);
-
-	return c && c->ts_enter ? c : NULL;
+	return thread_call_of(struct ssl_call, &task_ssl_call, &ssl_calls, NULL, pid_tgid);
 }
 
 /* One byte per tgid, the shape of `traced_flags` (sized with it by the
@@ -796,10 +794,7 @@ static __always_inline int ssl_return(long ret)
 	 * or SSL_write wanting I/O on a non-blocking socket, as nginx's do)
 	 * comes back as rax = 0xffffffff, which as a long is a 4 GiB read. */
 	int rc = (int)ret;
-	if (task_storage)
-		cp->ts_enter = 0;
-	else
-		bpf_map_delete_elem(&ssl_calls, &pid_tgid);
+	thread_call_end(&ssl_calls, &pid_tgid, cp);
 	struct ssl_key key = { .tgid = pid_tgid >> 32, .ssl = c.ssl };
 	__s32 *fd = bpf_map_lookup_elem(&ssl_fds, &key);
 	/* Reads and handshakes take the thread's socket reads: which fd an

@@ -86,4 +86,22 @@ static __always_inline void *thread_state(void *task_map, void *tid_map, struct 
 			__sync_fetch_and_add(&thread_state_misses, 1);                             \
 	})
 
+/* The call in flight on `task` (NULL: the current thread), a `type` entry
+ * with a `ts_enter` (0: none, see above), or NULL. */
+#define thread_call_of(type, task_map, tid_map, task, key)                                        \
+	({                                                                                         \
+		type *call_ = thread_state(task_map, tid_map, task, key, false);                   \
+		call_ && call_->ts_enter ? call_ : NULL;                                           \
+	})
+
+/* The current thread's call `call` returned: its entry cleared in task
+ * storage, deleted from the map by thread id. */
+#define thread_call_end(tid_map, key, call)                                                        \
+	do {                                                                                       \
+		if (task_storage)                                                                  \
+			(call)->ts_enter = 0;                                                      \
+		else                                                                               \
+			bpf_map_delete_elem(tid_map, key);                                         \
+	} while (0)
+
 #endif
