@@ -130,8 +130,10 @@ pub struct Explainer {
     threshold_ns: u64,
     history_ns: u64,
     requests: HashMap<String, RequestMarks>,
-    /// Threads that moved bytes on each connection.
-    conn_threads: HashMap<ConnId, (HashSet<u32>, MonoNs)>,
+    /// Threads that moved bytes on each connection, each once: a list, not
+    /// a set, as a connection has one or a few (a set's hashing on every
+    /// data event was 2 % of the agent under the node flood).
+    conn_threads: HashMap<ConnId, (Vec<u32>, MonoNs)>,
     /// By thread.
     syncs: History<Thread, SyncWait>,
     off_cpu: History<Thread, OffCpu>,
@@ -189,7 +191,9 @@ impl Explainer {
             Event::Data(d) => {
                 let ts = d.ts_exit;
                 let entry = self.conn_threads.entry(d.conn).or_default();
-                entry.0.insert(d.tid);
+                if !entry.0.contains(&d.tid) {
+                    entry.0.push(d.tid);
+                }
                 entry.1 = ts;
                 if let (Direction::Egress, Some(tcp)) = (d.direction, d.tcp) {
                     if tcp.unsent_bytes > 0 {

@@ -171,6 +171,11 @@ impl Drop for Ingest {
     }
 }
 
+/// Room for the batch after one of `len` records in `capacity`.
+fn next_batch_room(len: usize, capacity: usize) -> usize {
+    (len + len / 4).max(capacity - capacity.div_ceil(8))
+}
+
 type Ready = Result<(
     TracedPids,
     KernelCounters,
@@ -285,15 +290,23 @@ fn run_thread(
             tracing::error!("reading the ring buffer failed: {err}");
             break;
         }
-        // The next batch starts at this one's size and a quarter: grown
-        // from empty, a batch of thousands of records was reallocated and
-        // moved a dozen times per pass, and started at exactly this size,
-        // any larger batch still moved all its records once (realloc was
-        // 8 % of this thread under the node flood).
+        // The next batch starts with room for this one's size and a
+        // quarter, or for most of the last room if that is more: grown from
+        // empty, a batch of thousands of records was reallocated and moved
+        // a dozen times per pass (realloc was 8 % of this thread under the
+        // node flood), and sized by the last batch alone, a large batch
+        // after a small one (passes alternate) still moved every record
+        // several times. The room decays by an eighth per smaller pass, so
+        // one burst does not hold memory for long.
         let ready_events = {
             let mut batch = batch.borrow_mut();
-            let room = batch.len() + batch.len() / 4;
-            std::mem::replace(&mut *batch, Vec::with_capacity(room))
+            let room = next_batch_room(batch.len(), batch.capacity());
+            if batch.is_empty() {
+                batch.shrink_to(room);
+                Vec::new()
+            } else {
+                std::mem::replace(&mut *batch, Vec::with_capacity(room))
+            }
         };
         if !ready_events.is_empty() {
             // The next batch's payloads start in a buffer of this one's size.
@@ -315,4 +328,24 @@ fn run_thread(
     // On this thread, one after the other (see ProbeSet::apply), before
     // the probe sets they belong to.
     drop(file_links);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::next_batch_room;
+
+    #[test]
+    fn batch_room_follows_growth_and_decays_to_nothing() {
+        // A larger batch sets the room; a smaller one keeps most of it.
+        assert_eq!(next_batch_room(1000, 1024), 1250);
+        assert_eq!(next_batch_room(10, 1250), 1250 - 157);
+        // Idle passes shrink it to nothing, however small it got.
+        let mut room = 1250;
+        let mut passes = 0;
+        while room > 0 {
+            room = next_batch_room(0, room);
+            passes += 1;
+        }
+        assert!(passes < 100, "{passes} idle passes to release the room");
+    }
 }
