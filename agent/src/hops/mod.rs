@@ -467,7 +467,15 @@ impl Hops {
         node.t.trace = Some(ids.clone());
         let children = std::mem::take(&mut node.children);
         let may_parent = node.t.kind == SpanKind::Client || node.t.addrs.is_some();
-        out.push(node.t.clone());
+        // What is kept to join later hops by needs no chunk times (only
+        // upstream_view reads them, of requests still held): the copy that
+        // goes out takes them instead of a clone (a streaming response's
+        // list, cloned per request, was ~2 % of the agent under the node
+        // flood with its allocation and page faults).
+        let chunk_ts = std::mem::take(&mut node.t.chunk_ts);
+        let mut emitted = node.t.clone();
+        emitted.chunk_ts = chunk_ts;
+        out.push(emitted);
         if may_parent {
             if self.recent.len() >= MAX_RECENT {
                 if let Some((oldest, _)) = self.recent.oldest() {

@@ -29,8 +29,21 @@ pub(super) struct OneLiner {
     _running: Guard,
 }
 
-/// Whether `bpftrace` runs here (it is not among the test dependencies).
+/// Whether `bpftrace` runs here, installed from apt where it is missing
+/// (it is not among the test dependencies, only the bench's): without it
+/// the bench has no yardstick to read the agent's bill against.
 pub(super) fn available() -> bool {
+    if runs() {
+        return true;
+    }
+    if let Err(err) = crate::deps::ensure_apt(&["bpftrace"]) {
+        eprintln!("xtask: bench without bpftrace one-liners: {err:#}");
+        return false;
+    }
+    runs()
+}
+
+fn runs() -> bool {
     Command::new("bpftrace")
         .arg("--version")
         .output()

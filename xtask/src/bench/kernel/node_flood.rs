@@ -212,7 +212,7 @@ pub(super) fn run(
         ));
     }
     if !with_bpftrace {
-        out.push_str("node flood, bpftrace one-liners: skipped: no `bpftrace` on PATH (apt install bpftrace)\n");
+        out.push_str("node flood, bpftrace one-liners: skipped: no `bpftrace` on PATH, and apt could not install it\n");
     }
     for ((name, program), rounds) in ONE_LINERS.iter().zip(&one_liners) {
         if rounds.is_empty() {
