@@ -297,7 +297,10 @@ fn run_thread(
         // node flood), and sized by the last batch alone, a large batch
         // after a small one (passes alternate) still moved every record
         // several times. The room decays by an eighth per smaller pass, so
-        // one burst does not hold memory for long.
+        // one burst does not hold memory for long, and a batch far smaller
+        // than its room gives the rest back before it queues (a shrinking
+        // realloc moves nothing): what waits in the channel, and is counted
+        // against the in-flight bound, is what the batch needs.
         let ready_events = {
             let mut batch = batch.borrow_mut();
             let room = next_batch_room(batch.len(), batch.capacity());
@@ -305,7 +308,11 @@ fn run_thread(
                 batch.shrink_to(room);
                 Vec::new()
             } else {
-                std::mem::replace(&mut *batch, Vec::with_capacity(room))
+                let mut full = std::mem::replace(&mut *batch, Vec::with_capacity(room));
+                if full.capacity() > 2 * full.len() {
+                    full.shrink_to_fit();
+                }
+                full
             }
         };
         if !ready_events.is_empty() {
