@@ -20,30 +20,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
-use super::{json_number, median, summary, Options, TracingAgent};
+use super::{cpu_ns, json_number, median, summary, Options, TracingAgent};
 use crate::util::{self, free_port, start_server, Guard};
 
 const ENGINE: &str = "tests/servers/stdlib_sse.py";
 const CLIENT: &str = "tests/clients/hop_client.py";
 /// nginx's keep-alive connections to the engine.
 const POOL: u64 = 4;
-
-/// CPU time `pid`'s threads have run, ns (each thread's
-/// /proc/PID/task/TID/schedstat, ns resolution: the stat file's 10 ms
-/// ticks are too coarse for a few hundred ms a round; the agent's threads
-/// live as long as it does).
-pub(super) fn cpu_ns(pid: u32) -> Result<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task"))? {
-        let text = std::fs::read_to_string(task?.path().join("schedstat")).unwrap_or_default();
-        total += text
-            .split_whitespace()
-            .next()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0);
-    }
-    Ok(total)
-}
 
 /// nginx in the foreground with one worker, its files in `dir`.
 struct Nginx {

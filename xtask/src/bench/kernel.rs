@@ -3,8 +3,9 @@
 //!
 //! - **flood**: the SSE flood server (`sse_flood.py`, one send() per chunk)
 //!   in rounds alternating without and with the agent: the server's CPU
-//!   per chunk (utime + stime of all its threads), the agent's, and the
-//!   ratio of (server + agent) traced to the server untraced; the agent's
+//!   per chunk (its process CPU clock: all its threads, in ns), the
+//!   agent's, and the ratio of (server + agent) traced to the server
+//!   untraced; the agent's
 //!   time from start to `ready` and its peak RSS, broken down from
 //!   /proc/PID/smaps (ring buffer and map mmaps, heap, the rest) and the
 //!   kernel memory of its maps (fdinfo `memlock`).
@@ -55,12 +56,10 @@ use anyhow::{Context, Result};
 use super::agent::fdinfo;
 use super::floor::{agent_tracepoints, EmptyHooks};
 use super::untraced::gated_loop;
-use super::{cpu_ticks, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
+use super::{cpu_ns, flood_client, median, peak_rss_kib, Options, TracingAgent, FLOOD};
 use crate::util::{free_port, start_server, Guard};
 
 mod node_flood;
-
-const CLK_TCK: f64 = 100.0; // USER_HZ on Linux
 
 /// The number after `key` (e.g. `map_id:`) in an fdinfo text.
 fn fdinfo_field(text: &str, key: &str) -> Option<u64> {
@@ -237,12 +236,12 @@ fn map_memlock_kib(pid: u32) -> Result<(u64, u64)> {
     Ok((maps.values().sum(), largest))
 }
 
-/// What one flood round cost: CPU ticks of the server and of the agent
-/// (0 without one) over the chunks it streamed.
+/// What one flood round cost: CPU time (ns) of the server and of the
+/// agent (0 without one) over the chunks it streamed.
 struct FloodRound {
     chunks: f64,
-    server_ticks: u64,
-    agent_ticks: u64,
+    server_ns: u64,
+    agent_ns: u64,
 }
 
 impl FloodRound {
@@ -250,9 +249,9 @@ impl FloodRound {
     /// the agent (`traced`).
     fn per_chunk(&self, traced: &FloodRound) -> (f64, f64, f64) {
         (
-            us_per_chunk(self.server_ticks, self.chunks),
-            us_per_chunk(traced.server_ticks, traced.chunks),
-            us_per_chunk(traced.agent_ticks, traced.chunks),
+            us_per_chunk(self.server_ns, self.chunks),
+            us_per_chunk(traced.server_ns, traced.chunks),
+            us_per_chunk(traced.agent_ns, traced.chunks),
         )
     }
 }
@@ -263,20 +262,20 @@ fn flood_round(
     agent: Option<u32>,
     opts: &Options,
 ) -> Result<FloodRound> {
-    let server0 = cpu_ticks(server_pid)?;
-    let agent0 = agent.map(cpu_ticks).transpose()?.unwrap_or(0);
+    let server0 = cpu_ns(server_pid)?;
+    let agent0 = agent.map(cpu_ns).transpose()?.unwrap_or(0);
     let rate = flood_client(port, opts.connections, opts.seconds, false)?;
-    let server_ticks = cpu_ticks(server_pid)? - server0;
-    let agent_ticks = agent.map(cpu_ticks).transpose()?.unwrap_or(0) - agent0;
+    let server_ns = cpu_ns(server_pid)? - server0;
+    let agent_ns = agent.map(cpu_ns).transpose()?.unwrap_or(0) - agent0;
     Ok(FloodRound {
         chunks: rate * opts.seconds,
-        server_ticks,
-        agent_ticks,
+        server_ns,
+        agent_ns,
     })
 }
 
-fn us_per_chunk(ticks: u64, chunks: f64) -> f64 {
-    ticks as f64 / CLK_TCK * 1e6 / chunks.max(1.0)
+fn us_per_chunk(ns: u64, chunks: f64) -> f64 {
+    ns as f64 / 1e3 / chunks.max(1.0)
 }
 
 pub fn run(agent_bin: &Path, opts: &Options, report: &mut String) -> Result<()> {

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::hops::cpu_ns;
-use super::{json_number, median, Options, TracingAgent, FLOOD};
+use super::{cpu_ns, json_number, median, Options, TracingAgent, FLOOD};
 use crate::util::{self, free_port, start_server};
 
 const SESSION: &str = "tt-bench-top";

@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{prog_stats, stats_delta, BpfPerChunk, BpfStats, FloodRound};
 use crate::bench::bpftrace::{self, OneLiner, ONE_LINERS};
-use crate::bench::{cpu_ticks, json_number, median, peak_rss_kib, Options, TracingAgent};
+use crate::bench::{cpu_ns, json_number, median, peak_rss_kib, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
 
 const NODE_FLOOD: &str = "tests/bench/node_sse_flood.js";
@@ -53,10 +53,10 @@ fn client(port: u16, requests: u32) -> Result<(f64, f64)> {
     Ok((number("chunks")?, number("seconds")?))
 }
 
-/// CPU ticks of the server and of the agent (if any) over one client run.
+/// CPU time of the server and of the agent (if any) over one client run.
 fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Result<FloodRound> {
-    let server0 = cpu_ticks(server_pid)?;
-    let agent0 = agent.map(cpu_ticks).transpose()?.unwrap_or(0);
+    let server0 = cpu_ns(server_pid)?;
+    let agent0 = agent.map(cpu_ns).transpose()?.unwrap_or(0);
     let (chunks, _) = client(port, requests)?;
     // The agent reads the last records after the client has them.
     if agent.is_some() {
@@ -64,8 +64,8 @@ fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Resul
     }
     Ok(FloodRound {
         chunks,
-        server_ticks: cpu_ticks(server_pid)? - server0,
-        agent_ticks: agent.map(cpu_ticks).transpose()?.unwrap_or(0) - agent0,
+        server_ns: cpu_ns(server_pid)? - server0,
+        agent_ns: agent.map(cpu_ns).transpose()?.unwrap_or(0) - agent0,
     })
 }
 
