@@ -32,7 +32,7 @@ pub(super) struct OneLiner {
 /// Whether `bpftrace` runs here, installed from apt where it is missing
 /// (it is not among the test dependencies, only the bench's): without it
 /// the bench has no yardstick to read the agent's bill against.
-pub(super) fn available() -> bool {
+pub(super) fn ensure_installed() -> bool {
     if runs() {
         return true;
     }

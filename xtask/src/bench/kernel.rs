@@ -5,10 +5,9 @@
 //!   in rounds alternating without and with the agent: the server's CPU
 //!   per chunk (its process CPU clock: all its threads, in ns), the
 //!   agent's, and the ratio of (server + agent) traced to the server
-//!   untraced; the agent's
-//!   time from start to `ready` and its peak RSS, broken down from
-//!   /proc/PID/smaps (ring buffer and map mmaps, heap, the rest) and the
-//!   kernel memory of its maps (fdinfo `memlock`).
+//!   untraced; the agent's time from start to `ready` and its peak RSS,
+//!   broken down from /proc/PID/smaps (ring buffer and map mmaps, heap,
+//!   the rest) and the kernel memory of its maps (fdinfo `memlock`).
 //! - **node flood** (`node_flood.rs`): issue 25's workload, node's `http`
 //!   with one writev per chunk, as a fixed amount of work per round: the
 //!   same ratio, agent and server figures, and BPF time per chunk.
@@ -254,6 +253,23 @@ impl FloodRound {
             us_per_chunk(traced.agent_ns, traced.chunks),
         )
     }
+
+    /// The server's and the agent's CPU time over `run`, which streams
+    /// the chunks it returns.
+    fn measure(
+        server_pid: u32,
+        agent: Option<u32>,
+        run: impl FnOnce() -> Result<f64>,
+    ) -> Result<Self> {
+        let agent_ns = || -> Result<u64> { Ok(agent.map(cpu_ns).transpose()?.unwrap_or(0)) };
+        let (server0, agent0) = (cpu_ns(server_pid)?, agent_ns()?);
+        let chunks = run()?;
+        Ok(Self {
+            chunks,
+            server_ns: cpu_ns(server_pid)? - server0,
+            agent_ns: agent_ns()? - agent0,
+        })
+    }
 }
 
 fn flood_round(
@@ -262,15 +278,8 @@ fn flood_round(
     agent: Option<u32>,
     opts: &Options,
 ) -> Result<FloodRound> {
-    let server0 = cpu_ns(server_pid)?;
-    let agent0 = agent.map(cpu_ns).transpose()?.unwrap_or(0);
-    let rate = flood_client(port, opts.connections, opts.seconds, false)?;
-    let server_ns = cpu_ns(server_pid)? - server0;
-    let agent_ns = agent.map(cpu_ns).transpose()?.unwrap_or(0) - agent0;
-    Ok(FloodRound {
-        chunks: rate * opts.seconds,
-        server_ns,
-        agent_ns,
+    FloodRound::measure(server_pid, agent, || {
+        Ok(flood_client(port, opts.connections, opts.seconds, false)? * opts.seconds)
     })
 }
 

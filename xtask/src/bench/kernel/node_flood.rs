@@ -22,7 +22,7 @@ use anyhow::{bail, Context, Result};
 
 use super::{prog_stats, stats_delta, BpfPerChunk, BpfStats, FloodRound};
 use crate::bench::bpftrace::{self, OneLiner, ONE_LINERS};
-use crate::bench::{cpu_ns, json_number, median, peak_rss_kib, Options, TracingAgent};
+use crate::bench::{json_number, median, peak_rss_kib, Options, TracingAgent};
 use crate::util::{self, free_port, start_server};
 
 const NODE_FLOOD: &str = "tests/bench/node_sse_flood.js";
@@ -55,17 +55,13 @@ fn client(port: u16, requests: u32) -> Result<(f64, f64)> {
 
 /// CPU time of the server and of the agent (if any) over one client run.
 fn round(port: u16, requests: u32, server_pid: u32, agent: Option<u32>) -> Result<FloodRound> {
-    let server0 = cpu_ns(server_pid)?;
-    let agent0 = agent.map(cpu_ns).transpose()?.unwrap_or(0);
-    let (chunks, _) = client(port, requests)?;
-    // The agent reads the last records after the client has them.
-    if agent.is_some() {
-        std::thread::sleep(std::time::Duration::from_millis(300));
-    }
-    Ok(FloodRound {
-        chunks,
-        server_ns: cpu_ns(server_pid)? - server0,
-        agent_ns: agent.map(cpu_ns).transpose()?.unwrap_or(0) - agent0,
+    FloodRound::measure(server_pid, agent, || {
+        let (chunks, _) = client(port, requests)?;
+        // The agent reads the last records after the client has them.
+        if agent.is_some() {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        Ok(chunks)
     })
 }
 
@@ -156,7 +152,7 @@ pub(super) fn run(
         .baseline_agent
         .as_ref()
         .map(|bin| (bin, AgentRounds::default()));
-    let with_bpftrace = bpftrace::available();
+    let with_bpftrace = bpftrace::ensure_installed();
     // Per one-liner: (server traced, bpftrace, ratio) µs per chunk, by round.
     let mut one_liners: Vec<Vec<(f64, f64, f64)>> = vec![Vec::new(); ONE_LINERS.len()];
     for n in 0..opts.rounds {
