@@ -211,6 +211,15 @@ fn run_thread(
         }
     };
     let handles = probes.handles();
+    // Before ready: segments are dated by their receive stamps from the
+    // start. Without them the run goes on, its segments dated when TCP
+    // processed them (see probes::ArrivalStamps).
+    let mut arrival_stamps = probes
+        .arrival_stamps()
+        .inspect_err(|err| {
+            tracing::warn!("no receive stamps, ingress dated by TCP processing: {err:#}")
+        })
+        .ok();
     let batch = RefCell::new(Vec::new());
     // The payloads of the batch being read, one buffer for them all: an
     // allocation per record, freed on the stitching thread, cost more than
@@ -289,6 +298,9 @@ fn run_thread(
         if let Err(err) = ring.consume() {
             tracing::error!("reading the ring buffer failed: {err}");
             break;
+        }
+        if let Some(stamps) = &mut arrival_stamps {
+            stamps.refresh();
         }
         // The next batch starts with room for this one's size and a
         // quarter, or for most of the last room if that is more: grown from

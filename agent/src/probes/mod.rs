@@ -1,6 +1,7 @@
 //! Loading, attaching and detaching the kernel probes: the only module
 //! that talks to libbpf. [`ProbeSet`] is what a run owns.
 
+mod arrival_stamps;
 mod attach;
 mod attached;
 mod data_hooks;
@@ -15,6 +16,7 @@ mod uprobe_mode;
 mod uprobe_trial;
 mod verifier;
 
+pub use arrival_stamps::ArrivalStamps;
 pub use attached::AttachedProbes;
 pub use data_hooks::{missing_required, missing_socket_tracepoints, DataHooks, DataHooksSetting};
 pub use failures::{whom, AttachFailure, AttachFailures, FailureCounts, FailureReason, ProbeKind};

@@ -12,8 +12,8 @@ use crate::discover::libraries::{FileChange, FileKey, ProbedFile};
 
 use super::attach::Attached;
 use super::{
-    AttachFailure, AttachFailures, AttachedProbes, InferProbes, KernelCounters, ProbeKind,
-    ProbeSettings, SockProbes, TracedPids, UprobeMode,
+    ArrivalStamps, AttachFailure, AttachFailures, AttachedProbes, InferProbes, KernelCounters,
+    ProbeKind, ProbeSettings, SockProbes, TracedPids, UprobeMode,
 };
 
 /// Probe changes for the thread that holds the [`ProbeSet`], carried out
@@ -90,6 +90,11 @@ impl ProbeSet {
         F: FnMut(&[u8]) -> i32 + 'a,
     {
         self.sock.ring_buffer(callback)
+    }
+
+    /// Receive stamping for the ingress dating (see [`ArrivalStamps`]).
+    pub fn arrival_stamps(&self) -> Result<ArrivalStamps> {
+        self.sock.arrival_stamps()
     }
 
     /// The handles the run steers and reads the probes by: the kernel's pid

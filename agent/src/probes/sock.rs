@@ -9,6 +9,7 @@ use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{MapCore, MapFlags, MapHandle, OpenObject, RingBuffer, RingBufferBuilder};
 use tokentrace_probes::sock::{types, SockSkel, SockSkelBuilder};
 
+use super::arrival_stamps::ArrivalStamps;
 use super::attach::{self, Attached};
 use super::data_hooks::{select_data_programs, DataHooks};
 use super::thread_state::{select_thread_maps, ThreadState};
@@ -173,6 +174,13 @@ impl SockProbes {
             flags,
             ports,
         })
+    }
+
+    /// Receive stamping for the ingress dating, its offset written once.
+    pub fn arrival_stamps(&self) -> Result<ArrivalStamps> {
+        let offset =
+            MapHandle::try_from(&self.skel.maps.data_wall).context("duplicating .data.wall")?;
+        ArrivalStamps::start(offset)
     }
 
     /// A handle on the kernel-side loss counters, usable from another thread.

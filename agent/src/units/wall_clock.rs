@@ -78,6 +78,11 @@ impl WallClock {
         u64::try_from(i128::from(mono) + self.offset_ns).unwrap_or(0)
     }
 
+    /// Unix nanoseconds minus monotonic nanoseconds.
+    pub fn offset_ns(&self) -> i128 {
+        self.offset_ns
+    }
+
     /// Error bound of the measurement, in nanoseconds.
     pub fn uncertainty_ns(&self) -> u64 {
         self.uncertainty_ns

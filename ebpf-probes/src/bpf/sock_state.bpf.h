@@ -59,8 +59,43 @@ __u64 ingress_segs_merged = 0;
 struct ingress_seg {
 	__u32 start; /* first new sequence number the segment brought */
 	__u32 end; /* one past its last */
-	__u64 ts; /* when it reached tcp_rcv_established; 0 = empty slot */
+	__u64 ts; /* when it reached the host (segment_arrival); 0 = empty slot */
 };
+
+/* CLOCK_REALTIME - CLOCK_MONOTONIC in ns, kept current by the agent (0
+ * until it has measured it): turns a segment's receive stamp into
+ * bpf_ktime_get_ns's clock. In a section of its own, so that the agent
+ * rewrites it without touching the counters in .bss. */
+SEC(".data.wall") __s64 wall_minus_mono_ns = 0;
+
+/* A receive stamp older than this when tcp_probe runs is not believed (a
+ * wall clock stepped since the agent last measured the offset): the run's
+ * own time dates the segment then. */
+#define ARRIVAL_STAMP_MAX_AGE_NS (2ULL * 1000 * 1000 * 1000)
+
+/* When an incoming segment reached the host. tcp_probe runs when TCP
+ * processes the segment, and a segment that arrived while the socket's
+ * owner was inside a send or a read on it waits in the socket's backlog
+ * until that call's release_sock: under CPU load a millisecond and more
+ * later (a TLS client's Finished, an upstream response's first chunk).
+ * While any socket on the host asks for receive timestamps, the kernel
+ * stamps each packet (skb->tstamp, CLOCK_REALTIME) as it enters the
+ * receive path, the time a packet capture shows; the agent keeps such a
+ * socket open (probes/arrival_stamps.rs). Without a stamp (taken before
+ * that socket existed), without the offset, or with a stamp out of range:
+ * `now`. */
+static __always_inline __u64 segment_arrival(const struct sk_buff *skb, __u64 now)
+{
+	__s64 offset = wall_minus_mono_ns;
+	__s64 stamp = KREAD(struct sk_buff, skb, tstamp);
+
+	if (!offset || stamp <= 0)
+		return now;
+	__u64 at = (__u64)(stamp - offset);
+	if (at > now || now - at > ARRIVAL_STAMP_MAX_AGE_NS)
+		return now;
+	return at;
+}
 
 struct sock_state {
 	struct ingress_seg segs[INGRESS_SEGS];
@@ -296,7 +331,7 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 
 	if (!seq_before(rcv_nxt, end))
 		return; /* nothing new: a retransmission of bytes already queued */
-	__u64 now = bpf_ktime_get_ns();
+	__u64 arrival = segment_arrival(skb, bpf_ktime_get_ns());
 	__u32 start = seq_before(rcv_nxt, seq) ? seq : rcv_nxt;
 
 	/* The slots stay in sequence order: segments already read, then the
@@ -336,16 +371,16 @@ static __always_inline void note_ingress(struct sock_state *st, struct sock *sk,
 	if (n < INGRESS_SEGS) {
 		keep[n & (INGRESS_SEGS - 1)].start = start;
 		keep[n & (INGRESS_SEGS - 1)].end = end;
-		keep[n & (INGRESS_SEGS - 1)].ts = now;
+		keep[n & (INGRESS_SEGS - 1)].ts = arrival;
 	} else {
 		if (seq_before(keep[INGRESS_SEGS - 1].end, end))
 			keep[INGRESS_SEGS - 1].end = end;
-		keep[INGRESS_SEGS - 1].ts = now;
+		keep[INGRESS_SEGS - 1].ts = arrival;
 		__sync_fetch_and_add(&ingress_segs_merged, 1);
 	}
 	__builtin_memcpy(st->segs, keep, sizeof(keep));
 	if (!st->first_ingress_ns)
-		st->first_ingress_ns = now;
+		st->first_ingress_ns = arrival;
 }
 
 /* After a hold was inserted: the next incoming segment looks for it. A
