@@ -20,7 +20,7 @@ use std::sync::mpsc::Receiver;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::wire::{wire_times, Capture};
+use common::wire::{wire_times, Capture, Packet};
 use common::*;
 use serde_json::Value;
 
@@ -733,22 +733,18 @@ fn pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived
             .next()
             .and_then(|k| k.parse().ok())
             .expect("k");
-        let mut sent = packets
-            .iter()
-            .filter(|p| p.src == port && p.dst == server.port);
         if k == 0 {
-            segments += sent.clone().count();
+            segments += packets
+                .iter()
+                .filter(|p| p.src == port && p.dst == server.port)
+                .count();
         }
-        let Some(first) = sent.clone().next() else {
-            failures.push(format!("{rid}: connection not in the capture"));
-            continue;
-        };
-        let seq = first
-            .seq
-            .wrapping_add(u32::try_from(offset).expect("offset"));
-        let Some(wire) = sent.find(|p| seq.wrapping_sub(p.seq) < p.len) else {
-            failures.push(format!("{rid}: its first byte is not in the capture"));
-            continue;
+        let wire = match packet_with_byte(&packets, port, server.port, offset) {
+            Ok(wire) => wire,
+            Err(err) => {
+                failures.push(format!("{rid}: {err}"));
+                continue;
+            }
         };
         // The precondition: the request waited in the receive queue behind
         // the first one (the server stamps each event just before its send).
@@ -809,6 +805,154 @@ fn pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived
          not counted",
         want.max(1)
     );
+}
+
+/// The captured client → server packet of connection `client_port` that
+/// carried byte `offset` of what the client sent on it.
+fn packet_with_byte(
+    packets: &[Packet],
+    client_port: u16,
+    server_port: u16,
+    offset: u64,
+) -> Result<&Packet, &'static str> {
+    let mut sent = packets
+        .iter()
+        .filter(|p| p.src == client_port && p.dst == server_port);
+    let first = sent.clone().next().ok_or("connection not in the capture")?;
+    let seq = first
+        .seq
+        .wrapping_add(u32::try_from(offset).expect("offset"));
+    sent.find(|p| seq.wrapping_sub(p.seq) < p.len)
+        .ok_or("its first byte is not in the capture")
+}
+
+/// A request that reaches the host while the server is inside a read on
+/// its connection waits in the socket's backlog: TCP, and so `tcp_probe`,
+/// sees it only when that read releases the socket. Each connection's
+/// first read is held `HOLD_MS` by a page fault in the middle of its copy
+/// (tests/servers/wire_server.py --hold-first-read-ms, userfaultfd) while
+/// the client pipelines more requests behind it; they must be dated by
+/// their arrival, not by the release (the CI run that failed on
+/// tls_handshake_ms had a client's Finished dated 1.2 ms late this way).
+/// First without a capture, so nothing but the agent's own stamping socket
+/// asks the kernel for receive stamps (unless another process on the host
+/// does), judged against the client's send stamps; then against the
+/// capture, which shows the kernel's stamp itself.
+#[test]
+fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
+    require_root("requests_backlogged_behind_a_held_read_are_dated_by_their_arrival");
+    const HOLD_MS: u64 = 100;
+    const PIPELINE: usize = 4;
+    let server = WireServer::start(&["--hold-first-read-ms", &HOLD_MS.to_string()]);
+    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let mut failures = Vec::new();
+    let mut judged = 0;
+    let mut from_send = Dist::new("backlogged: request_start - client send, no capture");
+    let mut from_stamp = Dist::new("backlogged: request_start - packet's receive stamp");
+    let mut waited = Dist::new("backlogged: held read returned - client send");
+    for captured in [false, true] {
+        let prefix = if captured { "blw" } else { "bl" };
+        let capture = captured.then(|| Capture::start(server.port));
+        let clients = run_wire_client(
+            server.port,
+            &[
+                "--connections",
+                "1",
+                "--pipeline",
+                &PIPELINE.to_string(),
+                "--gap-ms",
+                "2",
+                "--ttft-ms",
+                "1",
+                "--tokens",
+                "2",
+                "--delay-ms",
+                "1",
+                "--rid-prefix",
+                prefix,
+            ],
+        );
+        let srv = server.records(clients.len());
+        let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+        let lines = agent_by_rid(&mut agent, &rids);
+        let packets = capture.map(Capture::finish);
+        // The held read returned (the backlog was processed just before).
+        let released = srv[&format!("{prefix}0-0")]["t_read"]
+            .as_u64()
+            .expect("the first request's t_read");
+        for c in &clients {
+            let rid = str_field(c, "rid").expect("rid");
+            if rid.ends_with("-0") {
+                continue; // read by the held read itself, not backlogged
+            }
+            let sent = u64_field(c, "t_send").expect("t_send");
+            // The precondition: sent well inside the hold.
+            if sent + HOLD_MS * 1_000_000 / 2 > released {
+                failures.push(format!(
+                    "{rid}: sent {:.3} ms before the held read returned: the client did not \
+                     pipeline in time",
+                    ms_between(released, sent)
+                ));
+                continue;
+            }
+            let Some(start) = lines
+                .get(&rid)
+                .and_then(|a| u64_field(a, "request_start_ns"))
+            else {
+                failures.push(format!("{rid}: no request_start_ns from the agent"));
+                continue;
+            };
+            judged += 1;
+            waited.push(ms_between(released, sent));
+            let Some(packets) = &packets else {
+                from_send.push(ms_between(start, sent));
+                // Dated by TCP's processing it would be within microseconds
+                // of the release: dated in the first half of the wait, it
+                // was dated by its arrival.
+                if start < sent || start > sent + (released - sent) / 2 {
+                    failures.push(format!(
+                        "{rid}: request_start {:.3} ms after its send, the read holding the \
+                         socket returned {:.3} ms after it",
+                        ms_between(start, sent),
+                        ms_between(released, sent)
+                    ));
+                }
+                continue;
+            };
+            let port = u16::try_from(u64_field(c, "client_port").expect("port")).expect("port");
+            let offset = u64_field(c, "offset").expect("offset");
+            let wire = match packet_with_byte(packets, port, server.port, offset) {
+                Ok(wire) => wire,
+                Err(err) => {
+                    failures.push(format!("{rid}: {err}"));
+                    continue;
+                }
+            };
+            // The same kernel stamp, converted by each side's measured
+            // clock offset (errors well under a microsecond).
+            from_stamp.push(ms_between(start, wire.ts));
+            if ms_between(start, wire.ts).abs() > 0.01 {
+                failures.push(format!(
+                    "{rid}: request_start {:.3} ms from its packet's receive stamp (the read \
+                     holding the socket returned {:.3} ms after the packet)",
+                    ms_between(start, wire.ts),
+                    ms_between(released, wire.ts)
+                ));
+            }
+        }
+    }
+    let stop = agent.stop();
+    check_agent_exit_quiet(stop);
+    for d in [&waited, &from_send, &from_stamp] {
+        eprintln!("[test] {}", d.summary());
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failures:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+    assert_eq!(judged, 2 * (PIPELINE - 1), "backlogged requests judged");
 }
 
 fn check_agent_exit_quiet(stop: Option<std::process::ExitStatus>) {

@@ -17,6 +17,15 @@ kept-alive connection, in the receive queue. listen() backlog is 256.
   --tls CERT KEY        HTTPS: the accepted socket is wrapped by the stdlib
                         ssl module (socket BIO; the handshake runs in
                         SSL_do_handshake right after accept)
+  --hold-first-read-ms D
+                        each connection's first recv() copies into a page
+                        registered with userfaultfd, and the copy's page
+                        fault is resolved D ms after it was raised: the
+                        recv holds the socket's lock all that time, so the
+                        segments that arrive meanwhile wait in the socket's
+                        backlog and TCP processes them only when the recv
+                        releases the socket (root, or
+                        vm.unprivileged_userfaultfd=1)
 
 GET /stream?rid=R&tokens=N&delay_ms=D&ttft_ms=T
     200 text/event-stream, Content-Length-free, ``Connection: keep-alive``,
@@ -39,11 +48,16 @@ server records it, stops that stream, closes the connection.
 """
 
 import argparse
+import ctypes
 import json
+import mmap
+import os
 import select
 import socket
 import ssl
+import struct
 import sys
+import threading
 import time
 from urllib.parse import parse_qs, urlsplit
 
@@ -57,11 +71,93 @@ def emit(record):
     sys.stdout.flush()
 
 
-def read_request(conn, buf):
+# userfaultfd (x86-64): the syscall and the ioctls of <linux/userfaultfd.h>.
+SYS_USERFAULTFD = 323
+UFFD_API = 0xAA
+UFFDIO_API = 0xC018AA3F
+UFFDIO_REGISTER = 0xC020AA00
+UFFDIO_COPY = 0xC028AA03
+UFFDIO_REGISTER_MODE_MISSING = 1
+UFFD_EVENT_PAGEFAULT = 0x12
+PAGE = mmap.PAGESIZE
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+libc.ioctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p]
+
+
+def ioctl(fd, request, buf):
+    if libc.ioctl(fd, request, ctypes.addressof(buf)) != 0:
+        raise OSError(ctypes.get_errno(), f"ioctl {request:#x}")
+
+
+class HeldReads:
+    """Buffers whose first write from the kernel waits `hold_s` (see
+    --hold-first-read-ms): a thread reads the page faults and resolves each
+    one with a zero-filled page, the first of every buffer after the hold."""
+
+    def __init__(self, hold_s):
+        self.hold_s = hold_s
+        fd = libc.syscall(SYS_USERFAULTFD, 0o2000000)  # O_CLOEXEC, kernel faults too
+        if fd < 0:
+            raise OSError(ctypes.get_errno(), "userfaultfd")
+        self.fd = fd
+        api = ctypes.create_string_buffer(struct.pack("QQQ", UFFD_API, 0, 0), 24)
+        ioctl(fd, UFFDIO_API, api)
+        self.zeros = ctypes.create_string_buffer(PAGE)
+        self.unheld = []  # (start, size) of buffers not faulted yet
+        self.lock = threading.Lock()
+        threading.Thread(target=self.resolve, daemon=True).start()
+
+    def buffer(self, size=65536):
+        """A fresh anonymous mapping registered for missing-page faults."""
+        mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        start = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+        reg = ctypes.create_string_buffer(
+            struct.pack("QQQQ", start, size, UFFDIO_REGISTER_MODE_MISSING, 0), 32)
+        ioctl(self.fd, UFFDIO_REGISTER, reg)
+        with self.lock:
+            self.unheld.append((start, size))
+        return mm, start
+
+    def resolve(self):
+        while True:
+            msg = os.read(self.fd, 32)
+            if len(msg) < 32 or msg[0] != UFFD_EVENT_PAGEFAULT:
+                continue
+            address = struct.unpack_from("Q", msg, 16)[0]
+            page = address & ~(PAGE - 1)
+            with self.lock:
+                first = [r for r in self.unheld if r[0] <= address < r[0] + r[1]]
+                for r in first:
+                    self.unheld.remove(r)
+            if first:
+                time.sleep(self.hold_s)
+            copy = ctypes.create_string_buffer(
+                struct.pack("QQQQq", page, ctypes.addressof(self.zeros), PAGE, 0, 0), 40)
+            try:
+                ioctl(self.fd, UFFDIO_COPY, copy)
+            except OSError:
+                pass  # another thread's fault mapped it already
+
+
+HELD = None  # HeldReads with --hold-first-read-ms
+
+
+def held_recv(conn):
+    """One recv() into a held buffer (see HeldReads)."""
+    mm, _ = HELD.buffer()
+    n = conn.recv_into(memoryview(mm))
+    data = mm[:n]
+    mm.close()
+    return data
+
+
+def read_request(conn, buf, first=False):
     """Returns (head bytes, rest, t_read of its first byte) or None at EOF."""
     t_read = None
     while b"\r\n\r\n" not in buf:
-        data = conn.recv(65536)
+        data = held_recv(conn) if first and HELD else conn.recv(65536)
+        first = False
         if not data:
             return None
         if t_read is None and not buf.strip(b"\r\n"):
@@ -75,8 +171,10 @@ def serve_connection(conn, accepted, t_tls=None):
     """`accepted`: (just before accept(), accept() returned)."""
     t_accept_call, t_accept = accepted
     buf = b""
+    first = True
     while True:
-        got = read_request(conn, buf)
+        got = read_request(conn, buf, first)
+        first = False
         if got is None:
             return
         head, buf, t_read = got
@@ -122,7 +220,11 @@ def main():
     ap.add_argument("--hold-accept-ms", type=float, default=0.0,
                     help="accept a connection only this long after it arrived")
     ap.add_argument("--tls", nargs=2, metavar=("CERT", "KEY"))
+    ap.add_argument("--hold-first-read-ms", type=float, default=0.0)
     args = ap.parse_args()
+    global HELD
+    if args.hold_first_read_ms:
+        HELD = HeldReads(args.hold_first_read_ms / 1e3)
     ctx = None
     if args.tls:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
