@@ -210,20 +210,6 @@ fn flood_client(port: u16, connections: u32, seconds: f64, tls: bool) -> Result<
     json_number(&text, "events_per_s").with_context(|| format!("unexpected client output: {text}"))
 }
 
-/// utime + stime of `pid`, in clock ticks.
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after_comm = stat
-        .rsplit_once(')')
-        .map(|(_, rest)| rest)
-        .context("malformed stat")?;
-    let fields: Vec<&str> = after_comm.split_whitespace().collect();
-    // Fields after the comm start at field 3 (state); utime is 14, stime 15.
-    let utime: u64 = fields.get(11).context("utime")?.parse()?;
-    let stime: u64 = fields.get(12).context("stime")?.parse()?;
-    Ok(utime + stime)
-}
-
 /// CPU time process `pid` has used (all its threads, those gone
 /// included), ns: its CPU-time clock, which any process may read. /proc's
 /// stat counts 10 ms ticks, ±7 % of the agent's ~150 ms in a flood round
@@ -241,6 +227,11 @@ fn cpu_ns(pid: u32) -> Result<u64> {
             .with_context(|| format!("reading the CPU clock of pid {pid}"));
     }
     Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
+}
+
+/// `ns` of CPU time over `seconds` of wall time, as a percentage of one core.
+fn cpu_percent(ns: u64, seconds: f64) -> f64 {
+    ns as f64 / 1e9 / seconds * 100.0
 }
 
 fn peak_rss_kib(pid: u32) -> Result<u64> {
@@ -267,17 +258,16 @@ fn traced_round(
 ) -> Result<Traced> {
     let agent = TracingAgent::start(agent_bin, server_pid)?;
     let agent_pid = agent.pid;
-    let ticks_before = cpu_ticks(agent_pid)?;
+    let cpu_before = cpu_ns(agent_pid)?;
     let rate = flood_client(port, opts.connections, opts.seconds, false)?;
-    let ticks = cpu_ticks(agent_pid)? - ticks_before;
+    let cpu = cpu_ns(agent_pid)? - cpu_before;
     // Let the agent drain what the last requests produced before stopping it.
     std::thread::sleep(Duration::from_millis(300));
     let rss_kib = peak_rss_kib(agent_pid)?;
     let summary = summary(&agent.stop()?, &["events:", "requests:"]);
-    let clk_tck = 100.0; // USER_HZ on Linux
     Ok(Traced {
         rate,
-        cpu_percent: ticks as f64 / clk_tck / opts.seconds * 100.0,
+        cpu_percent: cpu_percent(cpu, opts.seconds),
         rss_kib,
         summary,
     })
@@ -531,9 +521,9 @@ fn cuda_traced_round(
         .wait_for(&["probing", "libcudart.so.12: CUDA"], attach)
         .context("the agent did not attach its CUDA uprobes to libcudart.so.12")?;
     let agent_pid = agent.pid;
-    let ticks_before = cpu_ticks(agent_pid)?;
+    let cpu_before = cpu_ns(agent_pid)?;
     let run = finish_loop(guard, out, opts)?;
-    let ticks = cpu_ticks(agent_pid)? - ticks_before;
+    let cpu = cpu_ns(agent_pid)? - cpu_before;
     std::thread::sleep(Duration::from_millis(300));
     let seen = agent.stop()?;
     let events = seen
@@ -557,7 +547,7 @@ fn cuda_traced_round(
     Ok(CudaTraced {
         run,
         events,
-        cpu_percent: ticks as f64 / 100.0 / opts.launch_seconds * 100.0,
+        cpu_percent: cpu_percent(cpu, opts.launch_seconds),
     })
 }
 

@@ -20,7 +20,9 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
-use super::{cpu_ticks, json_number, median, peak_rss_kib, summary, Options, TracingAgent};
+use super::{
+    cpu_ns, cpu_percent, json_number, median, peak_rss_kib, summary, Options, TracingAgent,
+};
 use crate::util::{self, free_port, start_server};
 
 const SERVER: &str = "tests/servers/grpc_stream.py";
@@ -73,11 +75,11 @@ fn traced(
 ) -> Result<Traced> {
     let agent = TracingAgent::start(agent_bin, server_pid)?;
     let agent_pid = agent.pid;
-    let ticks_before = cpu_ticks(agent_pid)?;
+    let cpu_before = cpu_ns(agent_pid)?;
     let t0 = std::time::Instant::now();
     let (messages, rate) = flood(port, streams, per_call)?;
     let secs = t0.elapsed().as_secs_f64();
-    let ticks = cpu_ticks(agent_pid)? - ticks_before;
+    let cpu = cpu_ns(agent_pid)? - cpu_before;
     std::thread::sleep(Duration::from_millis(300));
     let rss_kib = peak_rss_kib(agent_pid)?;
     let lines = agent.stop()?;
@@ -93,7 +95,7 @@ fn traced(
     let summary = summary(&lines, &["events:", "http/2:"]);
     Ok(Traced {
         rate,
-        cpu_percent: ticks as f64 / 100.0 / secs * 100.0, // USER_HZ 100
+        cpu_percent: cpu_percent(cpu, secs),
         rss_kib,
         agent_chunks,
         summary,

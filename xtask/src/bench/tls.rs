@@ -31,8 +31,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 
 use super::{
-    cpu_ticks, flood_client, json_number, median, peak_rss_kib, summary, Options, TracingAgent,
-    FLOOD,
+    cpu_ns, cpu_percent, flood_client, json_number, median, peak_rss_kib, summary, Options,
+    TracingAgent, FLOOD,
 };
 
 /// Median; NaN for no sample (every round excluded).
@@ -207,13 +207,13 @@ pub fn run(agent_bin: &Path, opts: &Options, out: &mut String) -> Result<()> {
         let mut traced = Vec::new();
         for mode in UPROBE_MODES {
             let agent = start_agent(agent_bin, server_pid, mode)?;
-            let ticks_before = cpu_ticks(agent.pid)?;
+            let cpu_before = cpu_ns(agent.pid)?;
             let t = flood_client(port, opts.connections, opts.seconds, true)?;
-            let ticks = cpu_ticks(agent.pid)? - ticks_before;
+            let cpu = cpu_ns(agent.pid)? - cpu_before;
             std::thread::sleep(Duration::from_millis(300));
             rss = rss.max(peak_rss_kib(agent.pid)?);
             let summary = stop_agent(agent)?;
-            let cpu_percent = ticks as f64 / 100.0 / opts.seconds * 100.0; // USER_HZ 100
+            let cpu_percent = cpu_percent(cpu, opts.seconds);
             say(format!(
                 "TLS round {round}: without agent {b:.0} events/s, with agent ({mode} uprobes) {t:.0} events/s (ratio {:.3}, +{:.2} µs/event); agent CPU {cpu_percent:.1}%; {summary}\n",
                 t / b,

@@ -20,7 +20,7 @@ use std::time::Instant;
 use anyhow::{bail, Context, Result};
 use tokentrace_testkit::vllm::{plugin_site, tiny_model, Vllm};
 
-use super::{cpu_ticks, median, Options, TracingAgent};
+use super::{cpu_ns, median, Options, TracingAgent};
 use crate::util::{self, Guard};
 use crate::{native, vllm as env};
 
@@ -31,9 +31,9 @@ const TOKENS: u32 = 128;
 const CLIENT: &str = "tests/vllm/vllm_client.py";
 const COST: &str = "tests/bench/vllm_plugin_cost.py";
 
-/// CPU ticks of a process and all its descendants (vLLM's three).
-fn tree_ticks(pid: u32) -> u64 {
-    let mut total = cpu_ticks(pid).unwrap_or(0);
+/// CPU time of a process and all its descendants (vLLM's three), ns.
+fn tree_cpu_ns(pid: u32) -> u64 {
+    let mut total = cpu_ns(pid).unwrap_or(0);
     let children = std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
@@ -46,7 +46,7 @@ fn tree_ticks(pid: u32) -> u64 {
         })
         .collect::<Vec<_>>();
     for child in children {
-        total += tree_ticks(child);
+        total += tree_cpu_ns(child);
     }
     total
 }
@@ -54,7 +54,7 @@ fn tree_ticks(pid: u32) -> u64 {
 /// One burst: (tokens/s, server CPU µs per token).
 fn burst(server: &Vllm, round: u32, tag: &str) -> Result<(f64, f64)> {
     let pid = server.pid();
-    let ticks0 = tree_ticks(pid);
+    let cpu0 = tree_cpu_ns(pid);
     let t0 = Instant::now();
     let mut cmd = Command::new("python3");
     cmd.arg(util::root().join(CLIENT))
@@ -64,7 +64,7 @@ fn burst(server: &Vllm, round: u32, tag: &str) -> Result<(f64, f64)> {
     }
     let out = cmd.output().context("running the vLLM client")?;
     let wall = t0.elapsed().as_secs_f64();
-    let ticks = tree_ticks(pid).saturating_sub(ticks0);
+    let cpu = tree_cpu_ns(pid).saturating_sub(cpu0);
     if !out.status.success() {
         bail!(
             "vLLM client failed: {}",
@@ -82,8 +82,7 @@ fn burst(server: &Vllm, round: u32, tag: &str) -> Result<(f64, f64)> {
             STREAMS as u32 * TOKENS
         );
     }
-    let clk_tck = 100.0;
-    Ok((tokens / wall, ticks as f64 / clk_tck / tokens * 1e6))
+    Ok((tokens / wall, cpu as f64 / 1e3 / tokens))
 }
 
 /// The spread of ratios: "median (min–max)".
