@@ -284,18 +284,24 @@ fn check_spans(
             "wall-clock conversion off by a median {conv_p50:.3} ms (span start - send in wall time vs in monotonic time; want < 0.1 ms)"
         ));
     }
-    // Medians of the client-side gaps, measured with `stress-ng --cpu 1`:
-    // span start - client send p50 0.06-0.10 ms (p95 3.2 ms: a request
-    // waiting in the socket); client end - span end p50 0.14-0.40 ms (a
-    // Python thread's wake-up after the last write). The brackets above
-    // hold per request; the medians must stay under 1 ms.
+    // Medians of the client-side gaps. The brackets above hold per request,
+    // whatever the load; these judge closeness, so each bound comes from
+    // what load does to it. Span start - client send, with `stress-ng --cpu
+    // 1`: p50 0.006-0.10 ms (p95 3.2 ms: a request waiting in the socket).
+    // Client end - span end is the server's last write, uvicorn's
+    // terminating chunk and a Python client's wake-up: p50 0.34-0.42 ms with
+    // one core kept busy, 0.014-0.018 ms with both, 1.084 ms (p95 2.2) in
+    // one CI run with one core kept busy. Its bound, 5 ms, is a third of the
+    // stream's 15 ms token gap: a span that ended a token early still fails.
+    const START_P50_MS: f64 = 1.0;
+    const END_P50_MS: f64 = 5.0;
     if start_offsets.is_empty()
         || end_offsets.is_empty()
-        || quantile(&start_offsets, 0.5) >= 1.0
-        || quantile(&end_offsets, 0.5) >= 1.0
+        || quantile(&start_offsets, 0.5) >= START_P50_MS
+        || quantile(&end_offsets, 0.5) >= END_P50_MS
     {
         f.push(format!(
-            "span start - client send: {}; client end - span end: {} (want both p50 < 1 ms)",
+            "span start - client send: {}; client end - span end: {} (want p50s under {START_P50_MS} and {END_P50_MS} ms)",
             q(&start_offsets),
             q(&end_offsets)
         ));
