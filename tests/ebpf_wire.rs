@@ -837,113 +837,137 @@ fn packet_with_byte(
 /// First without a capture, so nothing but the agent's own stamping socket
 /// asks the kernel for receive stamps (unless another process on the host
 /// does), judged against the client's send stamps; then against the
-/// capture, which shows the kernel's stamp itself.
+/// capture, which shows the kernel's stamp itself. Last, an agent with
+/// `capture.receive_stamps: false` dates them by the release, as before.
 #[test]
 fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
     require_root("requests_backlogged_behind_a_held_read_are_dated_by_their_arrival");
     const HOLD_MS: u64 = 100;
     const PIPELINE: usize = 4;
     let server = WireServer::start(&["--hold-first-read-ms", &HOLD_MS.to_string()]);
-    let mut agent = start_agent(&Agent::for_pids(&[server.proc.pid()]));
+    let config = std::env::temp_dir().join(format!(
+        "tokentrace-test-{}-no-stamps.yaml",
+        std::process::id()
+    ));
+    std::fs::write(&config, "capture:\n  receive_stamps: false\n").expect("write the config");
     let mut failures = Vec::new();
     let mut judged = 0;
     let mut from_send = Dist::new("backlogged: request_start - client send, no capture");
     let mut from_stamp = Dist::new("backlogged: request_start - packet's receive stamp");
+    let mut unstamped = Dist::new("backlogged, receive_stamps off: request_start - client send");
     let mut waited = Dist::new("backlogged: held read returned - client send");
-    for captured in [false, true] {
-        let prefix = if captured { "blw" } else { "bl" };
-        let capture = captured.then(|| Capture::start(server.port));
-        let clients = run_wire_client(
-            server.port,
-            &[
-                "--connections",
-                "1",
-                "--pipeline",
-                &PIPELINE.to_string(),
-                "--gap-ms",
-                "2",
-                "--ttft-ms",
-                "1",
-                "--tokens",
-                "2",
-                "--delay-ms",
-                "1",
-                "--rid-prefix",
-                prefix,
-            ],
-        );
-        let srv = server.records(clients.len());
-        let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
-        let lines = agent_by_rid(&mut agent, &rids);
-        let packets = capture.map(Capture::finish);
-        // The held read returned (the backlog was processed just before).
-        let released = srv[&format!("{prefix}0-0")]["t_read"]
-            .as_u64()
-            .expect("the first request's t_read");
-        for c in &clients {
-            let rid = str_field(c, "rid").expect("rid");
-            if rid.ends_with("-0") {
-                continue; // read by the held read itself, not backlogged
-            }
-            let sent = u64_field(c, "t_send").expect("t_send");
-            // The precondition: sent well inside the hold.
-            if sent + HOLD_MS * 1_000_000 / 2 > released {
-                failures.push(format!(
-                    "{rid}: sent {:.3} ms before the held read returned: the client did not \
-                     pipeline in time",
-                    ms_between(released, sent)
-                ));
-                continue;
-            }
-            let Some(start) = lines
-                .get(&rid)
-                .and_then(|a| u64_field(a, "request_start_ns"))
-            else {
-                failures.push(format!("{rid}: no request_start_ns from the agent"));
-                continue;
+    for stamps in [true, false] {
+        let mut args = Agent::for_pids(&[server.proc.pid()]);
+        if !stamps {
+            args.extend(["--config".into(), config.display().to_string()]);
+        }
+        let mut agent = start_agent(&args);
+        let passes: &[bool] = if stamps { &[false, true] } else { &[false] };
+        for &captured in passes {
+            let prefix = match (stamps, captured) {
+                (true, false) => "bl",
+                (true, true) => "blw",
+                (false, _) => "bln",
             };
-            judged += 1;
-            waited.push(ms_between(released, sent));
-            let Some(packets) = &packets else {
-                from_send.push(ms_between(start, sent));
-                // Dated by TCP's processing it would be within microseconds
-                // of the release: dated in the first half of the wait, it
-                // was dated by its arrival.
-                if start < sent || start > sent + (released - sent) / 2 {
+            let capture = captured.then(|| Capture::start(server.port));
+            let clients = run_wire_client(
+                server.port,
+                &[
+                    "--connections",
+                    "1",
+                    "--pipeline",
+                    &PIPELINE.to_string(),
+                    "--gap-ms",
+                    "2",
+                    "--ttft-ms",
+                    "1",
+                    "--tokens",
+                    "2",
+                    "--delay-ms",
+                    "1",
+                    "--rid-prefix",
+                    prefix,
+                ],
+            );
+            let srv = server.records(clients.len());
+            let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
+            let lines = agent_by_rid(&mut agent, &rids);
+            let packets = capture.map(Capture::finish);
+            // The held read returned (the backlog was processed just before).
+            let released = srv[&format!("{prefix}0-0")]["t_read"]
+                .as_u64()
+                .expect("the first request's t_read");
+            for c in &clients {
+                let rid = str_field(c, "rid").expect("rid");
+                if rid.ends_with("-0") {
+                    continue; // read by the held read itself, not backlogged
+                }
+                let sent = u64_field(c, "t_send").expect("t_send");
+                // The precondition: sent well inside the hold.
+                if sent + HOLD_MS * 1_000_000 / 2 > released {
                     failures.push(format!(
-                        "{rid}: request_start {:.3} ms after its send, the read holding the \
-                         socket returned {:.3} ms after it",
-                        ms_between(start, sent),
+                        "{rid}: sent {:.3} ms before the held read returned: the client did not \
+                         pipeline in time",
                         ms_between(released, sent)
                     ));
-                }
-                continue;
-            };
-            let port = u16::try_from(u64_field(c, "client_port").expect("port")).expect("port");
-            let offset = u64_field(c, "offset").expect("offset");
-            let wire = match packet_with_byte(packets, port, server.port, offset) {
-                Ok(wire) => wire,
-                Err(err) => {
-                    failures.push(format!("{rid}: {err}"));
                     continue;
                 }
-            };
-            // The same kernel stamp, converted by each side's measured
-            // clock offset (errors well under a microsecond).
-            from_stamp.push(ms_between(start, wire.ts));
-            if ms_between(start, wire.ts).abs() > 0.01 {
-                failures.push(format!(
-                    "{rid}: request_start {:.3} ms from its packet's receive stamp (the read \
-                     holding the socket returned {:.3} ms after the packet)",
-                    ms_between(start, wire.ts),
-                    ms_between(released, wire.ts)
-                ));
+                let Some(start) = lines
+                    .get(&rid)
+                    .and_then(|a| u64_field(a, "request_start_ns"))
+                else {
+                    failures.push(format!("{rid}: no request_start_ns from the agent"));
+                    continue;
+                };
+                judged += 1;
+                waited.push(ms_between(released, sent));
+                // Dated by TCP's processing it is within microseconds of the
+                // release; by its arrival, within microseconds of its send.
+                let halfway = sent + (released - sent) / 2;
+                let Some(packets) = &packets else {
+                    let (dist, late) = if stamps {
+                        (&mut from_send, start < sent || start > halfway)
+                    } else {
+                        (&mut unstamped, start < halfway)
+                    };
+                    dist.push(ms_between(start, sent));
+                    if late {
+                        failures.push(format!(
+                            "{rid} (receive stamps {}): request_start {:.3} ms after its send, \
+                             the read holding the socket returned {:.3} ms after it",
+                            if stamps { "on" } else { "off" },
+                            ms_between(start, sent),
+                            ms_between(released, sent)
+                        ));
+                    }
+                    continue;
+                };
+                let port = u16::try_from(u64_field(c, "client_port").expect("port")).expect("port");
+                let offset = u64_field(c, "offset").expect("offset");
+                let wire = match packet_with_byte(packets, port, server.port, offset) {
+                    Ok(wire) => wire,
+                    Err(err) => {
+                        failures.push(format!("{rid}: {err}"));
+                        continue;
+                    }
+                };
+                // The same kernel stamp, converted by each side's measured
+                // clock offset (errors well under a microsecond).
+                from_stamp.push(ms_between(start, wire.ts));
+                if ms_between(start, wire.ts).abs() > 0.01 {
+                    failures.push(format!(
+                        "{rid}: request_start {:.3} ms from its packet's receive stamp (the read \
+                         holding the socket returned {:.3} ms after the packet)",
+                        ms_between(start, wire.ts),
+                        ms_between(released, wire.ts)
+                    ));
+                }
             }
         }
+        let stop = agent.stop();
+        check_agent_exit_quiet(stop);
     }
-    let stop = agent.stop();
-    check_agent_exit_quiet(stop);
-    for d in [&waited, &from_send, &from_stamp] {
+    for d in [&waited, &from_send, &from_stamp, &unstamped] {
         eprintln!("[test] {}", d.summary());
     }
     assert!(
@@ -952,7 +976,7 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
         failures.len(),
         failures.join("\n")
     );
-    assert_eq!(judged, 2 * (PIPELINE - 1), "backlogged requests judged");
+    assert_eq!(judged, 3 * (PIPELINE - 1), "backlogged requests judged");
 }
 
 fn check_agent_exit_quiet(stop: Option<std::process::ExitStatus>) {

@@ -92,6 +92,9 @@ pub struct CaptureConfig {
     /// Where the probes keep per-thread state (`auto`: task storage where
     /// the kernel has it, else maps; `task_storage`, `maps`).
     pub thread_state: crate::probes::ThreadStateSetting,
+    /// Incoming segments dated by their receive stamps, which the agent
+    /// turns on for the host (see probes::ArrivalStamps).
+    pub receive_stamps: bool,
 }
 
 impl CaptureConfig {

@@ -212,14 +212,18 @@ fn run_thread(
     };
     let handles = probes.handles();
     // Before ready: segments are dated by their receive stamps from the
-    // start. Without them the run goes on, its segments dated when TCP
-    // processed them (see probes::ArrivalStamps).
-    let mut arrival_stamps = probes
-        .arrival_stamps()
-        .inspect_err(|err| {
-            tracing::warn!("no receive stamps, ingress dated by TCP processing: {err:#}")
-        })
-        .ok();
+    // start. Without them (turned off, or failing) the run goes on, its
+    // segments dated when TCP processed them (see probes::ArrivalStamps).
+    let mut arrival_stamps = settings
+        .receive_stamps
+        .then(|| probes.arrival_stamps())
+        .and_then(|stamps| {
+            stamps
+                .inspect_err(|err| {
+                    tracing::warn!("no receive stamps, ingress dated by TCP processing: {err:#}")
+                })
+                .ok()
+        });
     let batch = RefCell::new(Vec::new());
     // The payloads of the batch being read, one buffer for them all: an
     // allocation per record, freed on the stitching thread, cost more than

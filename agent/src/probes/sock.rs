@@ -24,6 +24,9 @@ pub const MAX_CAPTURE_BYTES: u32 = 16384;
 pub struct ProbeSettings {
     /// Payload bytes captured per syscall (at most [`MAX_CAPTURE_BYTES`]).
     pub capture_bytes: u32,
+    /// Date incoming segments by their receive stamps (see
+    /// [`super::ArrivalStamps`]); without, by when TCP processed them.
+    pub receive_stamps: bool,
     /// Ring buffer fill level that triggers a wake-up; below it the agent
     /// finds records on its next timed poll.
     pub wakeup_bytes: u64,

@@ -181,6 +181,7 @@ fn start_ingest(
 ) -> Result<Ingest> {
     let settings = ProbeSettings {
         capture_bytes: config.capture.bytes,
+        receive_stamps: config.capture.receive_stamps,
         wakeup_bytes: config.capture.wakeup_threshold(),
         ring_buffer_bytes: config.capture.ring_buffer_bytes,
         agent_pid: std::process::id(),
