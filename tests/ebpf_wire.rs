@@ -757,16 +757,17 @@ fn pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived
                 ms_between(wire.ts, busy_until)
             ));
         }
-        let Some(start) = lines
-            .get(&rid)
-            .and_then(|a| u64_field(a, "request_start_ns"))
-        else {
-            failures.push(format!("{rid}: no request_start_ns from the agent"));
-            continue;
+        let start = match request_start(&lines, &rid) {
+            Ok(start) => start,
+            Err(err) => {
+                failures.push(err);
+                continue;
+            }
         };
         let d = ms_between(start, wire.ts);
-        // tcp_probe runs after the packet tap: never before it (0.05 ms
-        // allows the capture's clock conversion).
+        // The packet's receive stamp, the capture's own (without one,
+        // tcp_probe's time, after it): never before it (0.05 ms allows the
+        // two clock conversions).
         if d < -0.05 {
             failures.push(format!(
                 "{rid}: request_start {:.3} ms before its first byte reached the host",
@@ -805,6 +806,14 @@ fn pipelined_requests_past_the_arrival_slots_are_never_dated_before_they_arrived
          not counted",
         want.max(1)
     );
+}
+
+/// The agent's `request_start_ns` for `rid`.
+fn request_start(lines: &BTreeMap<String, Value>, rid: &str) -> Result<u64, String> {
+    lines
+        .get(rid)
+        .and_then(|a| u64_field(a, "request_start_ns"))
+        .ok_or_else(|| format!("{rid}: no request_start_ns from the agent"))
 }
 
 /// The captured client → server packet of connection `client_port` that
@@ -912,12 +921,12 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
                     ));
                     continue;
                 }
-                let Some(start) = lines
-                    .get(&rid)
-                    .and_then(|a| u64_field(a, "request_start_ns"))
-                else {
-                    failures.push(format!("{rid}: no request_start_ns from the agent"));
-                    continue;
+                let start = match request_start(&lines, &rid) {
+                    Ok(start) => start,
+                    Err(err) => {
+                        failures.push(err);
+                        continue;
+                    }
                 };
                 judged += 1;
                 waited.push(ms_between(released, sent));
