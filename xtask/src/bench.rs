@@ -64,7 +64,7 @@ use anyhow::{bail, Context, Result};
 
 use crate::deps::{self, Scope};
 use crate::native;
-use crate::util::{self, free_port, start_server, Guard};
+use crate::util::{self, cpu_ns, cpu_percent, free_port, start_server, Guard};
 use agent::{summary, TracingAgent};
 
 mod agent;
@@ -208,30 +208,6 @@ fn flood_client(port: u16, connections: u32, seconds: f64, tls: bool) -> Result<
     }
     let text = String::from_utf8_lossy(&out.stdout);
     json_number(&text, "events_per_s").with_context(|| format!("unexpected client output: {text}"))
-}
-
-/// CPU time process `pid` has used (all its threads, those gone
-/// included), ns: its CPU-time clock, which any process may read. /proc's
-/// stat counts 10 ms ticks, ±7 % of the agent's ~150 ms in a flood round
-/// from the quantisation alone; per-thread schedstat misses exited threads.
-fn cpu_ns(pid: u32) -> Result<u64> {
-    // MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED), include/linux/posix-timers.h
-    let clock = (!(pid as libc::clockid_t) << 3) | 2;
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: `ts` is a timespec the call may write.
-    if unsafe { libc::clock_gettime(clock, &mut ts) } != 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("reading the CPU clock of pid {pid}"));
-    }
-    Ok(ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64)
-}
-
-/// `ns` of CPU time over `seconds` of wall time, as a percentage of one core.
-fn cpu_percent(ns: u64, seconds: f64) -> f64 {
-    ns as f64 / 1e9 / seconds * 100.0
 }
 
 fn peak_rss_kib(pid: u32) -> Result<u64> {

@@ -129,7 +129,7 @@ mod tests {
             t,
             tag: "A",
             rss_kib: None,
-            cpu_ticks: None,
+            cpu_ns: None,
             queue_len: Some(queue),
             queue_cap: Some(100.0),
             exported: 0.0,

@@ -139,10 +139,10 @@ pub fn build(run: &Run) -> (Value, String, bool) {
         .samples
         .iter()
         .filter(|s| s.tag == "A" && s.t < run.main_end)
-        .filter_map(|s| Some((s.t, s.cpu_ticks?)))
+        .filter_map(|s| Some((s.t, s.cpu_ns?)))
         .collect();
     let cpu_percent = match (cpu.first(), cpu.last()) {
-        (Some(a), Some(b)) if b.0 > a.0 => Some((b.1 - a.1) as f64 / 100.0 / (b.0 - a.0) * 100.0),
+        (Some(a), Some(b)) if b.0 > a.0 => Some(crate::util::cpu_percent(b.1 - a.1, b.0 - a.0)),
         _ => None,
     };
     let rss_max = rss.iter().map(|s| s.1).fold(0.0, f64::max);

@@ -29,8 +29,8 @@ pub struct Sample {
     pub t: f64,
     pub tag: &'static str,
     pub rss_kib: Option<u64>,
-    /// utime + stime of the agent, in clock ticks (USER_HZ, 100/s).
-    pub cpu_ticks: Option<u64>,
+    /// CPU time the agent has used, ns (its process CPU clock).
+    pub cpu_ns: Option<u64>,
     /// None when the metrics endpoint did not answer.
     pub queue_len: Option<f64>,
     pub queue_cap: Option<f64>,
@@ -99,7 +99,7 @@ fn sample(t0: Instant, tg: Target) -> Sample {
         t: t0.elapsed().as_secs_f64(),
         tag: tg.tag,
         rss_kib: rss,
-        cpu_ticks: cpu_ticks(tg.pid),
+        cpu_ns: crate::util::cpu_ns(tg.pid).ok(),
         queue_len: get("tokentrace_export_queue_length", &[]),
         queue_cap: get("tokentrace_export_queue_capacity", &[]),
         exported: get("tokentrace_spans_exported_total", &[]).unwrap_or(0.0),
@@ -115,15 +115,6 @@ fn sample(t0: Instant, tg: Target) -> Sample {
         load1: load1(),
         lock_held: lock_held(),
     }
-}
-
-fn cpu_ticks(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // fields after the comm start at field 3 (state); utime is 14, stime 15
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(utime + stime)
 }
 
 fn load1() -> Option<f64> {
