@@ -117,7 +117,7 @@ class HeldReads:
         ioctl(self.fd, UFFDIO_REGISTER, reg)
         with self.lock:
             self.unheld.append((start, size))
-        return mm, start
+        return mm
 
     def resolve(self):
         while True:
@@ -145,7 +145,7 @@ HELD = None  # HeldReads with --hold-first-read-ms
 
 def held_recv(conn):
     """One recv() into a held buffer (see HeldReads)."""
-    mm, _ = HELD.buffer()
+    mm = HELD.buffer()
     n = conn.recv_into(memoryview(mm))
     data = mm[:n]
     mm.close()
