@@ -852,6 +852,9 @@ fn packet_with_byte(
 fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
     require_root("requests_backlogged_behind_a_held_read_are_dated_by_their_arrival");
     const HOLD_MS: u64 = 100;
+    /// Between the pipelined sends: the server's read must reach its fault
+    /// first (under load it can take milliseconds to wake).
+    const GAP_MS: u64 = 10;
     const PIPELINE: usize = 4;
     let server = WireServer::start(&["--hold-first-read-ms", &HOLD_MS.to_string()]);
     let config = std::env::temp_dir().join(format!(
@@ -860,7 +863,7 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
     ));
     std::fs::write(&config, "capture:\n  receive_stamps: false\n").expect("write the config");
     let mut failures = Vec::new();
-    let mut judged = 0;
+    let mut judged_per_pass = Vec::new();
     let mut from_send = Dist::new("backlogged: request_start - client send, no capture");
     let mut from_stamp = Dist::new("backlogged: request_start - packet's receive stamp");
     let mut unstamped = Dist::new("backlogged, receive_stamps off: request_start - client send");
@@ -887,7 +890,7 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
                     "--pipeline",
                     &PIPELINE.to_string(),
                     "--gap-ms",
-                    "2",
+                    &GAP_MS.to_string(),
                     "--ttft-ms",
                     "1",
                     "--tokens",
@@ -902,18 +905,34 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
             let rids: Vec<String> = clients.iter().filter_map(|c| str_field(c, "rid")).collect();
             let lines = agent_by_rid(&mut agent, &rids);
             let packets = capture.map(Capture::finish);
-            // The held read returned (the backlog was processed just before).
-            let released = srv[&format!("{prefix}0-0")]["t_read"]
+            // The hold began (the socket owned from before then), and the
+            // held read returned (the backlog was processed just before).
+            let first = &srv[&format!("{prefix}0-0")];
+            let held = first["t_hold"]
+                .as_u64()
+                .expect("the first request's t_hold");
+            let released = first["t_read"]
                 .as_u64()
                 .expect("the first request's t_read");
+            let mut judged = 0;
             for c in &clients {
                 let rid = str_field(c, "rid").expect("rid");
                 if rid.ends_with("-0") {
                     continue; // read by the held read itself, not backlogged
                 }
                 let sent = u64_field(c, "t_send").expect("t_send");
+                // Sent before the hold began (the server slow to reach its
+                // read), a request waited in the receive queue, not the
+                // backlog: nothing to judge here.
+                if sent <= held {
+                    eprintln!(
+                        "[test] {rid}: sent {:.3} ms before the hold began: not backlogged",
+                        ms_between(held, sent)
+                    );
+                    continue;
+                }
                 // The precondition: sent well inside the hold.
-                if sent + HOLD_MS * 1_000_000 / 2 > released {
+                if sent + HOLD_MS * 1_000_000 / 4 > released {
                     failures.push(format!(
                         "{rid}: sent {:.3} ms before the held read returned: the client did not \
                          pipeline in time",
@@ -972,6 +991,7 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
                     ));
                 }
             }
+            judged_per_pass.push(judged);
         }
         let stop = agent.stop();
         check_agent_exit_quiet(stop);
@@ -985,7 +1005,13 @@ fn requests_backlogged_behind_a_held_read_are_dated_by_their_arrival() {
         failures.len(),
         failures.join("\n")
     );
-    assert_eq!(judged, 3 * (PIPELINE - 1), "backlogged requests judged");
+    // A pass judges its requests sent after the hold began: all of them
+    // unless the server took over a gap to reach its read.
+    assert!(
+        judged_per_pass.len() == 3 && judged_per_pass.iter().all(|&n| n + 1 >= PIPELINE - 1),
+        "backlogged requests judged per pass: {judged_per_pass:?} (want 3 passes of at least {})",
+        PIPELINE - 2
+    );
 }
 
 fn check_agent_exit_quiet(stop: Option<std::process::ExitStatus>) {

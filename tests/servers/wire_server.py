@@ -41,7 +41,9 @@ bpf_ktime_get_ns):
    the connection), "t_accept_call" (just before that accept(); null
    likewise), "t_tls" (--tls: the server's handshake returned; null
    likewise), "t_read" (the recv() that brought the request's first
-   byte returned), "t_write": [stamp just before each event's send()],
+   byte returned), "t_hold" (--hold-first-read-ms, a connection's first
+   request: when its read's page fault was read, so the socket was owned
+   by then; else null), "t_write": [stamp just before each event's send()],
    "writes_ok": events whose send() succeeded, "error": null | "EPIPE" | ...}
 A client that leaves mid-stream makes a send() fail (EPIPE/ECONNRESET): the
 server records it, stops that stream, closes the connection.
@@ -105,6 +107,7 @@ class HeldReads:
         ioctl(fd, UFFDIO_API, api)
         self.zeros = ctypes.create_string_buffer(PAGE)
         self.unheld = []  # (start, size) of buffers not faulted yet
+        self.held_at = {}  # start -> when its held fault was read
         self.lock = threading.Lock()
         threading.Thread(target=self.resolve, daemon=True).start()
 
@@ -117,7 +120,7 @@ class HeldReads:
         ioctl(self.fd, UFFDIO_REGISTER, reg)
         with self.lock:
             self.unheld.append((start, size))
-        return mm
+        return mm, start
 
     def resolve(self):
         while True:
@@ -130,6 +133,7 @@ class HeldReads:
                 first = [r for r in self.unheld if r[0] <= address < r[0] + r[1]]
                 for r in first:
                     self.unheld.remove(r)
+                    self.held_at[r[0]] = now()
             if first:
                 time.sleep(self.hold_s)
             copy = ctypes.create_string_buffer(
@@ -144,19 +148,25 @@ HELD = None  # HeldReads with --hold-first-read-ms
 
 
 def held_recv(conn):
-    """One recv() into a held buffer (see HeldReads)."""
-    mm = HELD.buffer()
+    """One recv() into a held buffer (see HeldReads): its bytes, and when
+    the hold began (its fault was read; null if it never faulted)."""
+    mm, start = HELD.buffer()
     n = conn.recv_into(memoryview(mm))
     data = mm[:n]
     mm.close()
-    return data
+    with HELD.lock:
+        return data, HELD.held_at.pop(start, None)
 
 
 def read_request(conn, buf, first=False):
-    """Returns (head bytes, rest, t_read of its first byte) or None at EOF."""
-    t_read = None
+    """Returns (head bytes, rest, t_read of its first byte, t_hold) or None
+    at EOF; t_hold: when a held first read's hold began, else None."""
+    t_read = t_hold = None
     while b"\r\n\r\n" not in buf:
-        data = held_recv(conn) if first and HELD else conn.recv(65536)
+        if first and HELD:
+            data, t_hold = held_recv(conn)
+        else:
+            data = conn.recv(65536)
         first = False
         if not data:
             return None
@@ -164,7 +174,7 @@ def read_request(conn, buf, first=False):
             t_read = now()
         buf += data
     head, rest = buf.split(b"\r\n\r\n", 1)
-    return head, rest, t_read
+    return head, rest, t_read, t_hold
 
 
 def serve_connection(conn, accepted, t_tls=None):
@@ -177,13 +187,14 @@ def serve_connection(conn, accepted, t_tls=None):
         first = False
         if got is None:
             return
-        head, buf, t_read = got
+        head, buf, t_read, t_hold = got
         line = head.split(b"\r\n", 1)[0].decode("latin-1")
         target = line.split(" ")[1] if " " in line else "/"
         url = urlsplit(target)
         q = {k: v[0] for k, v in parse_qs(url.query).items()}
         rec = {"rid": q.get("rid"), "path": target, "t_accept_call": t_accept_call,
-               "t_accept": t_accept, "t_tls": t_tls, "t_read": t_read, "t_write": [], "writes_ok": 0,
+               "t_accept": t_accept, "t_tls": t_tls, "t_read": t_read, "t_hold": t_hold,
+               "t_write": [], "writes_ok": 0,
                "error": None}
         t_accept_call = t_accept = t_tls = None
         if url.path == "/close-unanswered":
