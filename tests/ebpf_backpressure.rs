@@ -7,9 +7,13 @@
 //! - the agent's memory outside its BPF maps grows by at most the bytes of
 //!   decoded batches it lets wait for stitching (a quarter of the ring
 //!   buffer, 4 MiB by default) plus the batch the ingest thread holds
-//!   while it waits, and slack (`HEAP_GROWTH_BOUND`, 40 MiB). Before the
+//!   while it waits, and slack (`HEAP_GROWTH_BOUND`, 10 MiB). Before the
 //!   bound, the ingest thread queued up to 1024 batches: this stall grew
 //!   the agent's heap by 116 MB (from 59 to 173 MB in all);
+//! - so does its peak once stdout is read again and the full ring is read
+//!   (VmHWM): one read of the ring is cut into batches of a quarter of the
+//!   bytes in flight. Before that cut, the read after the stall took the
+//!   whole ring into one batch;
 //! - what the ring buffer could not hold is counted as lost in the kernel,
 //!   and the waits in `channel_waits`: the summary says so;
 //! - once stdout is read again, requests on new connections are reported
@@ -36,14 +40,17 @@ const FLOOD: &str = "tests/bench/node_sse_flood.js";
 const RING_BUFFER_BYTES: u64 = 16 << 20;
 /// Decoded batches allowed to wait for stitching: a quarter of the ring.
 const IN_FLIGHT_BYTES: u64 = RING_BUFFER_BYTES / 4;
-/// Growth allowed while stitching is stalled: the bytes in flight; the
-/// batch the ingest thread holds while it waits, which is what one read of
-/// the ring found: usually a wake-up's 1 MiB of records, at most the whole
-/// ring, decoded into at most twice its bytes (an event is 208 bytes and
-/// its payload; a record's header is smaller, and a batch's vector may be a
-/// quarter too large); and 4 MiB of slack for the allocator and stitching's
-/// own state. Seen: ~1 MiB. Without the bound: 116 MiB.
-const HEAP_GROWTH_BOUND: u64 = IN_FLIGHT_BYTES + 2 * RING_BUFFER_BYTES + (4 << 20);
+/// The most one batch holds: a quarter of the bytes in flight, passed by
+/// its last record (a payload of at most 16 KiB, capture.bytes' ceiling),
+/// in a vector up to twice the events' size (room kept from a larger batch
+/// before).
+const BATCH_BYTES: u64 = 2 * (IN_FLIGHT_BYTES / 4 + (16 << 10));
+/// Growth allowed while stitching is stalled, and at the peak after: the
+/// bytes in flight; the batch the ingest thread holds while it waits; and
+/// 4 MiB of slack for the allocator and stitching's own state. Seen:
+/// ~1 MiB stalled. Without the bound on bytes in flight: 116 MiB; without
+/// the one on a batch, the peak grew by the whole ring read in one batch.
+const HEAP_GROWTH_BOUND: u64 = IN_FLIGHT_BYTES + BATCH_BYTES + (4 << 20);
 /// The post-stall requests: 37 tokens, reported as 38 chunks (the usage
 /// event is one too).
 const AFTER_TOKENS: &str = "37";
@@ -85,6 +92,16 @@ fn rss_kib(pid: u32) -> (u64, u64) {
         }
     }
     (other, bpf)
+}
+
+/// The peak resident KiB of `pid` (VmHWM).
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmHWM:"))
+        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM in the agent's status")
 }
 
 /// Reads the agent's JSON lines while `reading` is set; stops reading
@@ -189,6 +206,16 @@ fn root_a_stalled_stitcher_bounds_the_agents_heap_and_counts_kernel_drops() {
         assert_eq!(v["chunks"], AFTER_CHUNKS, "{v}");
         assert_eq!(v["done"], true, "{v}");
     }
+    // The ring was full when the stall ended (its pages are all resident in
+    // `stalled_bpf`), and everything it held has been read since.
+    let peak_growth = peak_rss_kib(agent.pid()).saturating_sub(warm_heap + stalled_bpf);
+    eprintln!("[test] agent peak RSS after the stall: +{peak_growth} KiB over the warm heap and the full ring");
+    assert!(
+        peak_growth * 1024 <= HEAP_GROWTH_BOUND,
+        "the agent's peak RSS grew by {peak_growth} KiB once it read the full ring: more than \
+         the bytes in flight, one batch and slack allow ({} KiB)",
+        HEAP_GROWTH_BOUND / 1024
+    );
 
     agent.signal(libc::SIGINT);
     let status = agent.wait_timeout(Duration::from_secs(30));
