@@ -50,10 +50,10 @@ const MIN_IN_FLIGHT_BYTES: usize = 4 << 20;
 const BATCHES_IN_FLIGHT: usize = 4;
 
 /// The heap decoded batches may hold on their way to stitching: a quarter
-/// of the ring buffer (4 MiB by default), room for a few wake-ups' batches
-/// (the kernel wakes the thread at a quarter of the ring at most), so that
-/// the ingest thread never waits while stitching keeps up. When stitching
-/// stalls, records wait in the ring instead, whose memory is fixed.
+/// of the ring buffer (4 MiB by default), room for the default wake-up's
+/// records twice over (2 MiB), so that the ingest thread does not wait
+/// while stitching keeps up. When stitching stalls, records wait in the
+/// ring instead, whose memory is fixed.
 fn in_flight_limit(ring_buffer_bytes: u32) -> usize {
     (ring_buffer_bytes as usize / 4).max(MIN_IN_FLIGHT_BYTES)
 }
@@ -245,8 +245,8 @@ fn run_thread(
     let in_flight = InFlight::new(in_flight_bytes);
     // One read of the ring decodes this much at most, then hands it on and
     // reads again: without the bound, a read after stitching lagged took
-    // the whole ring (16 MiB of records) into one batch, decoded into twice
-    // that on the heap (a flood's peak RSS went from 57 to 93 MB). What
+    // the whole ring (16 MiB of records) into one batch (+15.7 MB of peak
+    // RSS after tests/ebpf_backpressure.rs's stall, +5.1 MB with it). What
     // waits meanwhile waits in the ring, whose memory is fixed.
     let batch_limit = in_flight_bytes / BATCHES_IN_FLIGHT;
     let batch_full = Cell::new(false);
