@@ -37,8 +37,9 @@ use crate::probes::{
 /// one still gets its few records' payloads in one allocation.
 const MIN_BATCH_PAYLOADS: usize = 4096;
 
-/// What the ring buffer callback returns to end a read early (any negative
-/// value does; libbpf hands it back from the read).
+/// What the ring buffer callback returns to end a read early on a full
+/// batch. libbpf hands it back from the read, and nothing else makes a read
+/// negative: only a callback's error does.
 const STOP_READING: i32 = -libc::ENOBUFS;
 
 /// The least heap that decoded batches may hold on their way to stitching
@@ -222,16 +223,16 @@ fn run_thread(
     // Before ready: segments are dated by their receive stamps from the
     // start. Without them (turned off, or failing) the run goes on, its
     // segments dated when TCP processed them (see probes::ArrivalStamps).
-    let mut arrival_stamps = settings
-        .receive_stamps
-        .then(|| probes.arrival_stamps())
-        .and_then(|stamps| {
-            stamps
-                .inspect_err(|err| {
-                    tracing::warn!("no receive stamps, ingress dated by TCP processing: {err:#}")
-                })
-                .ok()
-        });
+    let mut arrival_stamps = if settings.receive_stamps {
+        probes
+            .arrival_stamps()
+            .inspect_err(|err| {
+                tracing::warn!("no receive stamps, ingress dated by TCP processing: {err:#}")
+            })
+            .ok()
+    } else {
+        None
+    };
     let batch = RefCell::new(Vec::new());
     // The payloads of the batch being read, one buffer for them all: an
     // allocation per record, freed on the stitching thread, cost more than
@@ -249,7 +250,6 @@ fn run_thread(
     // RSS after tests/ebpf_backpressure.rs's stall, +5.1 MB with it). What
     // waits meanwhile waits in the ring, whose memory is fixed.
     let batch_limit = in_flight_bytes / BATCHES_IN_FLIGHT;
-    let batch_full = Cell::new(false);
     let outlet = Outlet {
         events,
         in_flight: &in_flight,
@@ -266,7 +266,6 @@ fn run_thread(
                 batch.push(event);
                 if batch.len() * std::mem::size_of::<Event>() + payload_bytes.get() >= batch_limit {
                     // Ends this read after the record (libbpf counts it read).
-                    batch_full.set(true);
                     return STOP_READING;
                 }
             }
@@ -304,6 +303,8 @@ fn run_thread(
     };
 
     let mut file_links = FileLinks::default();
+    // The last read ended on a full batch and left records behind.
+    let mut unread = false;
     loop {
         // Read before waiting: the last pass after a stop request still
         // drains the ring, so nothing already recorded is lost at exit.
@@ -311,8 +312,7 @@ fn run_thread(
         for command in commands.try_iter() {
             probes.apply(command, &mut file_links);
         }
-        // A read that ended on a full batch left records behind: read on.
-        let unread = batch_full.replace(false);
+        // Records left behind by a full batch are read on at once.
         if !stopping && !unread {
             // Wakes early when the kernel forced a wake-up (a full batch, or
             // a lifecycle event) or a probe command came.
@@ -324,7 +324,8 @@ fn run_thread(
         // Records written with BPF_RB_NO_WAKEUP raise no epoll event, so a
         // poll that timed out consumed nothing: read whatever is there.
         let read = ring.consume_raw();
-        if read < 0 && !batch_full.get() {
+        unread = read == STOP_READING;
+        if read < 0 && !unread {
             let err = std::io::Error::from_raw_os_error(-read);
             tracing::error!("reading the ring buffer failed: {err}");
             break;
@@ -370,7 +371,7 @@ fn run_thread(
                 break;
             }
         }
-        if stopping && !batch_full.get() {
+        if stopping && !unread {
             break;
         }
     }
