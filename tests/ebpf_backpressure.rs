@@ -94,16 +94,6 @@ fn rss_kib(pid: u32) -> (u64, u64) {
     (other, bpf)
 }
 
-/// The peak resident KiB of `pid` (VmHWM).
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("read status");
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|kib| kib.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmHWM in the agent's status")
-}
-
 /// Reads the agent's JSON lines while `reading` is set; stops reading
 /// (stitching then blocks in its stdout write) while it is not.
 fn read_gated(out: ChildStdout, reading: Arc<AtomicBool>) -> mpsc::Receiver<Value> {
@@ -208,7 +198,8 @@ fn root_a_stalled_stitcher_bounds_the_agents_heap_and_counts_kernel_drops() {
     }
     // The ring was full when the stall ended (its pages are all resident in
     // `stalled_bpf`), and everything it held has been read since.
-    let peak_growth = peak_rss_kib(agent.pid()).saturating_sub(warm_heap + stalled_bpf);
+    let peak = status_kib(agent.pid(), "VmHWM").expect("VmHWM in the agent's status");
+    let peak_growth = peak.saturating_sub(warm_heap + stalled_bpf);
     eprintln!("[test] agent peak RSS after the stall: +{peak_growth} KiB over the warm heap and the full ring");
     assert!(
         peak_growth * 1024 <= HEAP_GROWTH_BOUND,

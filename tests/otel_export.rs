@@ -598,15 +598,6 @@ fn memory_bound_mib(queue_bytes_peak: f64, queue: u64, batch: u64) -> MemoryBoun
     }
 }
 
-/// Resident set size of a process, in KiB.
-fn rss_kib(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-}
-
 #[test]
 fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
     require_root("root_otlp_backend_down_memory_bounded_drops_counted_then_recovers");
@@ -653,7 +644,7 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
         "warm-up requests not reported: {}",
         warm_missing.len()
     );
-    let base = rss_kib(agent_pid).expect("agent RSS");
+    let base = status_kib(agent_pid, "VmRSS").expect("agent RSS");
 
     let sampling = Arc::new(Mutex::new((base, true)));
     let sampler = {
@@ -666,7 +657,7 @@ fn root_otlp_backend_down_memory_bounded_drops_counted_then_recovers() {
                 if !s.1 {
                     break;
                 }
-                s.0 = s.0.max(rss_kib(agent_pid).unwrap_or(0));
+                s.0 = s.0.max(status_kib(agent_pid, "VmRSS").unwrap_or(0));
                 drop(s);
                 if let Ok(mut c) = TcpStream::connect(("127.0.0.1", metrics_port)) {
                     let _ = write!(

@@ -56,6 +56,16 @@ pub fn require_root(test: &str) {
     );
 }
 
+/// A KiB figure of `pid`'s /proc status (`field`: "VmRSS", "VmHWM", ...);
+/// None when the process or the field is gone.
+pub fn status_kib(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+}
+
 /// Ids of the BPF programs `pid` holds open (`prog_id:` in its fdinfo).
 pub fn program_ids(pid: u32) -> std::collections::BTreeSet<u64> {
     fdinfo_ids(pid, "prog_id:")
